@@ -1,0 +1,24 @@
+"""Scheduling policies: one module each, registered here by name (a new policy is one module plus
+one line below). A policy is called with a read-only view of the engine before every forward pass
+and returns the step."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from policies import chunked, continuous, static
+from simulator.config import RunConfig
+from simulator.errors import InputError
+from simulator.step import Policy
+
+POLICIES: dict[str, Callable[[RunConfig], Policy]] = {
+    "static": static.build,
+    "continuous": continuous.build,
+    "chunked": chunked.build,
+}
+
+
+def build_policy(config: RunConfig) -> Policy:
+    if config.policy not in POLICIES:
+        raise InputError(f"unknown policy {config.policy!r} (choose from {', '.join(POLICIES)})")
+    return POLICIES[config.policy](config)

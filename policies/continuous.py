@@ -1,0 +1,42 @@
+"""Continuous batching without chunking (vLLM V0's default, Orca without mixing).
+
+Every step is either a prefill step that admits waiting requests first-come first-served while
+they fit the token budget, the sequence limit and free KV, or, when none can be admitted, a decode
+step for every running request. Prefill comes first, so decoders stall while a prompt runs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from simulator.config import RunConfig
+from simulator.request import Request
+from simulator.step import EngineView, Step
+
+
+@dataclass(frozen=True)
+class ContinuousBatching:
+    max_num_seqs: int
+    max_num_batched_tokens: int
+
+    def __call__(self, view: EngineView) -> Step:
+        prefill: dict[Request, int] = {}
+        budget = self.max_num_batched_tokens
+        free_blocks = view.kv.num_free
+        num_seqs = len(view.running)
+        for request in view.waiting:
+            n = request.num_pending
+            blocks = view.kv.extra_blocks(request.id, request.computed + n)
+            if n > budget or num_seqs >= self.max_num_seqs or blocks > free_blocks:
+                break
+            prefill[request] = n
+            budget -= n
+            free_blocks -= blocks
+            num_seqs += 1
+        if prefill:
+            return Step(prefill)
+        return Step({request: 1 for request in view.running})
+
+
+def build(config: RunConfig) -> ContinuousBatching:
+    return ContinuousBatching(config.max_num_seqs, config.max_num_batched_tokens)

@@ -1,0 +1,1 @@
+"""servesim's engine: requests, the SimPy loop, KV memory, cost model, metrics, outputs, CLI."""

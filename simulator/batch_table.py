@@ -1,0 +1,48 @@
+"""The chapter's batch-size sweep: decode step time against batch at a fixed context length.
+
+Each row is one decode step of `batch` sequences that each attend to `context` tokens: bytes moved
+(weights once, KV per sequence), step time from the cost model, and the two "tokens per second"
+(each request's rate, and the aggregate). The knee is the batch whose KV reads equal the weight
+reads; the ceiling is the batch whose KV fills the card.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import polars as pl
+
+from simulator.cost import CostModel, StepShape
+from simulator.model import ModelSpec
+
+
+@dataclass(frozen=True)
+class BatchTable:
+    rows: pl.DataFrame
+    context: int
+    knee_batch: float
+    """Batch at which KV bytes read per step equal the weight bytes read."""
+    max_batch: int
+    """Sequences of `context` tokens the KV cache holds."""
+
+
+def batch_table(model: ModelSpec, cost: CostModel, context: int, batches: list[int],
+                kv_capacity_tokens: int) -> BatchTable:
+    weight_bytes = model.weight_bytes_per_step
+    kv_per_seq = context * model.kv_bytes_per_token
+    records = []
+    for batch in batches:
+        step = cost.step_time(StepShape.from_rows([(1, context)] * batch))
+        kv_bytes = batch * kv_per_seq
+        records.append({
+            "batch": batch,
+            "context": context,
+            "step_time": step,
+            "weight_bytes": weight_bytes,
+            "kv_bytes": kv_bytes,
+            "total_bytes": weight_bytes + kv_bytes,
+            "achieved_bandwidth": (weight_bytes + kv_bytes) / step,
+            "per_request_tokens_per_s": 1.0 / step,
+            "aggregate_tokens_per_s": batch / step,
+        })
+    return BatchTable(pl.DataFrame(records), context, weight_bytes / kv_per_seq, kv_capacity_tokens // context)

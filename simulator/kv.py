@@ -1,0 +1,77 @@
+"""Paged KV-cache memory: fixed-size blocks of `block_size` tokens, owned by requests."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from simulator.errors import InputError
+from simulator.model import ModelSpec
+
+# Scratch memory vLLM's profiling run finds on top of the weights: the largest step's activations
+# (hidden states, QKV, the gated MLP's intermediate) plus the fp32 logits of every sequence.
+
+
+def activation_reserve_bytes(model: ModelSpec, max_num_batched_tokens: int, max_num_seqs: int) -> int:
+    """Peak activation memory of the largest step the scheduler can build (vLLM profiles this)."""
+    per_token = model.dtype_bytes * (
+        2 * model.hidden_size
+        + (model.num_heads + 2 * model.num_kv_heads) * model.head_dim
+        + 3 * model.intermediate_size)
+    logits = max_num_seqs * model.vocab_size * 4
+    return max_num_batched_tokens * per_token + logits
+
+
+def kv_capacity_blocks(*, memory_bytes: int, gpu_memory_utilization: float, weight_bytes: int,
+                       activation_bytes: int, kv_bytes_per_token: int, block_size: int) -> int:
+    """Blocks = (memory x utilization - weights - activations) / bytes per block."""
+    if not 0 < gpu_memory_utilization <= 1:
+        raise InputError(f"--gpu-memory-utilization must be in (0, 1], got {gpu_memory_utilization}")
+    if block_size < 1:
+        raise InputError(f"--block-size must be a positive number of tokens, got {block_size}")
+    free = memory_bytes * gpu_memory_utilization - weight_bytes - activation_bytes
+    blocks = int(free // (kv_bytes_per_token * block_size))
+    if blocks < 1:
+        raise InputError(
+            f"no memory left for KV cache: {memory_bytes * gpu_memory_utilization / 1e9:.1f} GB usable "
+            f"(--gpu-memory-utilization {gpu_memory_utilization}) minus {weight_bytes / 1e9:.1f} GB of weights "
+            f"and {activation_bytes / 1e9:.1f} GB of activations")
+    return blocks
+
+
+@dataclass
+class BlockManager:
+    """Counts blocks per request; which physical blocks they are does not affect timing."""
+
+    num_blocks: int
+    block_size: int
+
+    def __post_init__(self) -> None:
+        self.num_free = self.num_blocks
+        self._owned: dict[int, int] = {}
+
+    @property
+    def num_used(self) -> int:
+        return self.num_blocks - self.num_free
+
+    def blocks_for(self, tokens: int) -> int:
+        return -(-tokens // self.block_size)
+
+    def owned(self, request_id: int) -> int:
+        return self._owned.get(request_id, 0)
+
+    def extra_blocks(self, request_id: int, tokens: int) -> int:
+        """Blocks a request must still get to hold `tokens` tokens."""
+        return max(0, self.blocks_for(tokens) - self.owned(request_id))
+
+    def can_hold(self, request_id: int, tokens: int) -> bool:
+        return self.extra_blocks(request_id, tokens) <= self.num_free
+
+    def grow(self, request_id: int, tokens: int) -> None:
+        extra = self.extra_blocks(request_id, tokens)
+        assert extra <= self.num_free, f"request {request_id} needs {extra} blocks, {self.num_free} free"
+        self.num_free -= extra
+        self._owned[request_id] = self.owned(request_id) + extra
+
+    def release(self, request_id: int) -> None:
+        self.num_free += self._owned.pop(request_id, 0)
+        assert self.num_free <= self.num_blocks

@@ -1,0 +1,201 @@
+"""The run's tables (requests, tokens, steps) and its summary metrics.
+
+Metrics follow `vllm bench serve`: TTFT = first token - arrival, E2EL = finish - arrival,
+TPOT = (E2EL - TTFT) / (output tokens - 1) for outputs longer than one token, ITL = every gap
+between consecutive tokens pooled over requests, throughputs = totals / (last finish - first
+arrival), goodput = requests meeting every SLO / that duration. Latencies are summarised over
+finished requests as mean, median, population std and numpy's linear percentiles. All in seconds.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import polars as pl
+
+from simulator.simulate import RunResult
+
+LATENCIES = ("ttft", "tpot", "itl", "e2el", "queue")
+# Overloaded: requests in the system grow by more than this fraction of the arrival rate.
+SATURATED_GROWTH_FRACTION = 0.02
+
+
+@dataclass
+class Tables:
+    requests: pl.DataFrame
+    tokens: pl.DataFrame
+    steps: pl.DataFrame
+
+
+def _array(values: Any, dtype: type) -> np.ndarray:
+    return np.frombuffer(values, dtype=dtype) if len(values) else np.zeros(0, dtype=dtype)
+
+
+def build_tables(result: RunResult) -> Tables:
+    log = result.log
+    start = _array(log.start, np.float64)
+    duration = _array(log.duration, np.float64)
+    end = start + duration
+    steps = pl.DataFrame({
+        "step": np.arange(len(start), dtype=np.int64),
+        "start": start,
+        "duration": duration,
+        "num_seqs": _array(log.num_seqs, np.int64),
+        "prefill_tokens": _array(log.prefill_tokens, np.int64),
+        "decode_tokens": _array(log.decode_tokens, np.int64),
+        "padded_tokens": _array(log.padded_tokens, np.int64),
+        "kv_blocks_used": _array(log.kv_blocks_used, np.int64),
+        "num_waiting": _array(log.num_waiting, np.int64),
+        "num_running": _array(log.num_running, np.int64),
+        "num_preempted": _array(log.num_preempted, np.int64),
+    })
+
+    token_request = _array(log.token_request, np.int64)
+    order = np.argsort(token_request, kind="stable")  # tokens are logged in time order
+    request_ids = token_request[order]
+    times = end[_array(log.token_step, np.int64)[order]]
+    first_of_request = np.r_[True, request_ids[1:] != request_ids[:-1]] if len(request_ids) else np.zeros(0, bool)
+    group_start = np.maximum.accumulate(np.where(first_of_request, np.arange(len(request_ids)), 0))
+    tokens = pl.DataFrame({
+        "request_id": request_ids,
+        "index": (np.arange(len(request_ids)) - group_start).astype(np.int64),
+        "time": times,
+    })
+
+    reqs = result.requests
+    arrival = np.array([r.arrival for r in reqs], dtype=np.float64)
+    first_token = np.array([r.first_token for r in reqs], dtype=np.float64)
+    finish = np.array([r.finish for r in reqs], dtype=np.float64)
+    output = np.array([r.output_tokens for r in reqs], dtype=np.int64)
+    e2el = finish - arrival
+    ttft = first_token - arrival
+    with np.errstate(invalid="ignore", divide="ignore"):
+        tpot = np.where(output > 1, (e2el - ttft) / (output - 1), np.nan)
+    requests = pl.DataFrame({
+        "request_id": np.array([r.id for r in reqs], dtype=np.int64),
+        "arrival": arrival,
+        "prompt_tokens": np.array([r.prompt_tokens for r in reqs], dtype=np.int64),
+        "output_tokens": output,
+        "emitted_tokens": np.array([r.emitted for r in reqs], dtype=np.int64),
+        "scheduled": np.array([r.scheduled for r in reqs], dtype=np.float64),
+        "first_token": first_token,
+        "finish": finish,
+        "ttft": ttft,
+        "tpot": tpot,
+        "e2el": e2el,
+        "queue": np.array([r.scheduled for r in reqs], dtype=np.float64) - arrival,
+        "preemptions": np.array([r.preemptions for r in reqs], dtype=np.int64),
+        "finished": ~np.isnan(finish),
+    }).with_columns(pl.col(c).fill_nan(None) for c in ("scheduled", "first_token", "finish", "ttft",
+                                                        "tpot", "e2el", "queue"))
+    return Tables(requests, tokens, steps)
+
+
+def describe(values: np.ndarray, percentiles: tuple[float, ...]) -> dict[str, float | None]:
+    """Mean, median, population std and linear percentiles; None for an empty sample."""
+    if len(values) == 0:
+        return dict.fromkeys(["mean", "median", "std", *(f"p{q:g}" for q in percentiles)])
+    stats: dict[str, float | None] = {"mean": float(np.mean(values)), "median": float(np.median(values)), "std": float(np.std(values))}
+    for q, v in zip(percentiles, np.percentile(values, percentiles, method="linear"), strict=True):
+        stats[f"p{q:g}"] = float(v)
+    return stats
+
+
+def inter_token_latencies(tokens: pl.DataFrame) -> np.ndarray:
+    request_ids = tokens["request_id"].to_numpy()
+    times = tokens["time"].to_numpy()
+    same = request_ids[1:] == request_ids[:-1]
+    return (times[1:] - times[:-1])[same]
+
+
+def load_state(result: RunResult, steps: pl.DataFrame) -> dict[str, Any]:
+    """Did the server keep up with an open-loop arrival rate?
+
+    Over the second half of the arrival window (past the warm-up, while arrivals still come) the
+    number of requests in the system (waiting + running) is fitted against time: an overloaded
+    server shows a steady growth, a stable one none. When that half-window is shorter than twice the
+    latency of the earliest requests, the system has not settled and the run cannot tell (`kept_up` None).
+    Time-utilisation is reported too, but it is no test: a continuous batcher is busy whenever one
+    request decodes.
+    """
+    requests = result.requests
+    state: dict[str, Any] = {"load": "open loop", "kept_up": None, "utilisation": 0.0, "queue_growth": None,
+                             "offered_rate": None}
+    if not requests or steps.is_empty():
+        return state | {"load": "empty"}
+    first = requests[0].arrival
+    finishes = np.array([r.finish for r in requests])
+    last = float(np.nanmax(finishes)) if not np.isnan(finishes).all() else result.end_time
+    state["utilisation"] = float(steps["duration"].sum()) / (last - first) if last > first else 1.0
+    if result.config.concurrency is not None and result.config.trace is None:
+        return state | {"load": "closed loop", "kept_up": True}
+    last_arrival = requests[-1].arrival
+    if last_arrival == first:
+        return state | {"load": "all at once"}
+    state["offered_rate"] = (len(requests) - 1) / (last_arrival - first)
+    half = (first + last_arrival) / 2
+    window = steps.filter(pl.col("start").is_between(half, last_arrival))
+    # The settling time scale: latency of the earliest tenth of requests, before any queue built up.
+    early = requests[: max(1, len(requests) // 10)]
+    e2el = np.array([r.finish - r.arrival for r in early])
+    typical_latency = float(np.nanmedian(e2el)) if not np.isnan(e2el).all() else math.inf
+    if len(window) < 3 or last_arrival - half < 2 * typical_latency:
+        return state
+    in_system = (window["num_waiting"] + window["num_running"]).to_numpy().astype(float)
+    growth = float(np.polyfit(window["start"].to_numpy(), in_system, 1)[0])
+    state["queue_growth"] = growth
+    state["kept_up"] = growth <= SATURATED_GROWTH_FRACTION * state["offered_rate"]
+    return state
+
+
+def summarize(result: RunResult, tables: Tables) -> dict[str, Any]:
+    config = result.config
+    done = tables.requests.filter(pl.col("finished"))
+    num_done = done.height
+    summary: dict[str, Any] = {
+        "num_requests": result.num_requests,
+        "arrived": len(result.requests),
+        "completed": num_done,
+        "unfinished": len(result.requests) - num_done,
+        "preemptions": int(tables.requests["preemptions"].sum()),
+        "num_steps": tables.steps.height,
+        "kv_blocks": result.kv_blocks,
+        "kv_capacity_tokens": result.kv_blocks * config.block_size,
+    }
+    duration = 0.0
+    if num_done:
+        duration = float(done["finish"].to_numpy().max() - tables.requests["arrival"].to_numpy().min())
+    summary["duration"] = duration
+    input_tokens = int(done["prompt_tokens"].sum())
+    output_tokens = int(done["output_tokens"].sum())
+    summary["total_input_tokens"] = input_tokens
+    summary["total_output_tokens"] = output_tokens
+    rate = (lambda x: x / duration) if duration > 0 else (lambda x: math.nan)
+    summary["request_throughput"] = rate(num_done)
+    summary["output_throughput"] = rate(output_tokens)
+    summary["total_token_throughput"] = rate(input_tokens + output_tokens)
+
+    samples = {
+        "ttft": done["ttft"].to_numpy(),
+        "tpot": done["tpot"].drop_nulls().to_numpy(),
+        "itl": inter_token_latencies(tables.tokens.filter(pl.col("request_id").is_in(done["request_id"].implode()))
+                                     if summary["unfinished"] else tables.tokens),
+        "e2el": done["e2el"].to_numpy(),
+        "queue": done["queue"].to_numpy(),
+    }
+    for name in LATENCIES:
+        for stat, value in describe(samples[name], config.percentiles).items():
+            summary[f"{stat}_{name}"] = value
+
+    if config.goodput:
+        good = np.ones(num_done, dtype=bool)
+        for metric, limit in config.goodput:
+            values = done[metric].fill_null(0.0).to_numpy()
+            good &= values <= limit
+        summary["good_requests"] = int(good.sum())
+        summary["request_goodput"] = rate(int(good.sum()))
+    summary.update(load_state(result, tables.steps))
+    return summary

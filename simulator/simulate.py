@@ -1,0 +1,123 @@
+"""Run one simulation from a `RunConfig`: build the pieces, feed the workload, run the clock."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import simpy
+
+from policies import build_policy
+from simulator.config import RunConfig
+from simulator.cost import RooflineCost
+from simulator.engine import Server, StepLog
+from simulator.errors import InputError
+from simulator.hardware import GpuSpec, load_gpu
+from simulator.kv import BlockManager, activation_reserve_bytes, kv_capacity_blocks
+from simulator.model import ModelSpec, load_model
+from simulator.request import Request
+from workloads import Workload, read_trace, synthetic_workload
+
+DEFAULT_NUM_REQUESTS = 1000  # as `vllm bench serve --num-prompts`
+
+
+@dataclass
+class RunResult:
+    config: RunConfig
+    model: ModelSpec
+    gpu: GpuSpec
+    kv_blocks: int
+    requests: list[Request]
+    """Every request that arrived, in id (arrival) order."""
+    log: StepLog
+    num_requests: int
+    """Requests in the workload, arrived or not."""
+    end_time: float
+
+
+def build_workload(config: RunConfig) -> Workload:
+    if config.trace is not None:
+        return read_trace(config.trace, speed=config.trace_speed, limit=config.num_requests)
+    num_requests = config.num_requests
+    if num_requests is None and (config.duration is None or config.concurrency is not None):
+        num_requests = DEFAULT_NUM_REQUESTS
+    rate = config.rate
+    if rate is None and config.concurrency is None:
+        rate = math.inf  # `vllm bench serve` sends everything at once unless given a rate
+    return synthetic_workload(
+        input_len=config.input_len, output_len=config.output_len,
+        input_dist=config.input_len_dist, output_dist=config.output_len_dist,
+        rate=rate, burstiness=config.burstiness, concurrency=config.concurrency,
+        num_requests=num_requests, duration=config.duration, seed=config.seed)
+
+
+def check_fits(workload: Workload, config: RunConfig, model: ModelSpec, kv_blocks: int) -> None:
+    """Reject requests no server of this size could ever run, before any output is written."""
+    lengths = workload.prompt_tokens + workload.output_tokens
+    longest = int(np.argmax(lengths))
+    capacity = kv_blocks * config.block_size
+    if lengths[longest] > capacity:
+        raise InputError(f"request {longest} needs {lengths[longest]} tokens of KV cache; "
+                         f"the GPU holds {capacity} ({kv_blocks} blocks of {config.block_size})")
+    if lengths[longest] > model.max_model_len:
+        raise InputError(f"request {longest} is {lengths[longest]} tokens long; "
+                         f"{model.name} takes at most {model.max_model_len}")
+    if config.policy == "continuous":
+        budget = config.max_num_batched_tokens
+        prompt = int(np.argmax(workload.prompt_tokens))
+        if workload.prompt_tokens[prompt] > budget:
+            raise InputError(f"request {prompt} has a {workload.prompt_tokens[prompt]}-token prompt, larger than "
+                             f"--max-num-batched-tokens {budget}: without chunking it can never be scheduled")
+
+
+def simulate(config: RunConfig, workload: Workload | None = None) -> RunResult:
+    model = load_model(config.model)
+    gpu = load_gpu(config.gpu)
+    policy = build_policy(config)
+    if workload is None:
+        workload = build_workload(config)
+    budget = (config.max_num_batched_tokens if config.policy != "static"
+              else config.max_batch_size * int(workload.prompt_tokens.max()))
+    kv_blocks = kv_capacity_blocks(
+        memory_bytes=gpu.memory_bytes, gpu_memory_utilization=config.gpu_memory_utilization,
+        weight_bytes=model.weight_bytes,
+        activation_bytes=activation_reserve_bytes(model, budget, config.max_num_seqs),
+        kv_bytes_per_token=model.kv_bytes_per_token, block_size=config.block_size)
+    check_fits(workload, config, model, kv_blocks)
+
+    env = simpy.Environment()
+    requests: list[Request] = []
+    prompts = workload.prompt_tokens.tolist()
+    outputs = workload.output_tokens.tolist()
+
+    def make_request(arrival: float) -> Request:
+        i = len(requests)
+        request = Request(i, arrival, prompts[i], outputs[i])
+        requests.append(request)
+        return request
+
+    if workload.arrival is None:
+        def next_client(_finished: Request) -> None:
+            if len(requests) < workload.num_requests:
+                server.submit(make_request(env.now))
+
+        server = Server(env, policy, RooflineCost(model, gpu), BlockManager(kv_blocks, config.block_size),
+                        on_finish=next_client)
+        assert workload.concurrency is not None
+        for _ in range(min(workload.concurrency, workload.num_requests)):
+            server.submit(make_request(0.0))
+    else:
+        server = Server(env, policy, RooflineCost(model, gpu), BlockManager(kv_blocks, config.block_size))
+        arrivals = workload.arrival.tolist()
+
+        def arrive():  # type: ignore[no-untyped-def]
+            for t in arrivals:
+                if t > env.now:
+                    yield env.timeout(t - env.now)
+                server.submit(make_request(t))
+
+        env.process(arrive())
+
+    env.run(until=config.time_limit)
+    return RunResult(config, model, gpu, kv_blocks, requests, server.log, workload.num_requests, env.now)
