@@ -124,6 +124,7 @@ def main() -> None:
               help="static: seconds to wait for a batch to fill.")
 @click.option("--block-size", type=int, default=16, show_default=True, help="KV block size in tokens.")
 @click.option("--gpu-memory-utilization", type=float, default=0.9, show_default=True)
+@click.option("--num-gpu-blocks-override", type=int, default=None, help="Exactly this many KV blocks.")
 @click.option("--time-limit", type=float, default=None, help="Stop the simulated clock at this time (s).")
 @click.option("--percentiles", default="50,90,99", show_default=True)
 @click.option("--goodput", multiple=True, help="SLOs in ms, e.g. 'ttft:500 tpot:50'.")

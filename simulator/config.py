@@ -34,6 +34,8 @@ class RunConfig:
     # KV memory.
     block_size: int = 16
     gpu_memory_utilization: float = 0.9
+    num_gpu_blocks_override: int | None = None
+    """Use exactly this many KV blocks instead of sizing them from GPU memory (as vLLM's flag)."""
     # Workload: open loop at `rate` (requests/s; inf = all at once) or closed loop of `concurrency`
     # clients; `num_requests` or `duration` bounds it; or a trace file replayed as it is.
     rate: float | None = None
@@ -62,6 +64,8 @@ class RunConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise InputError(f"--{name.replace('_', '-')} must be a positive integer, got {value!r}")
+        if self.num_gpu_blocks_override is not None and self.num_gpu_blocks_override < 1:
+            raise InputError(f"--num-gpu-blocks-override must be positive, got {self.num_gpu_blocks_override}")
         if self.long_prefill_token_threshold < 0:
             raise InputError(f"--long-prefill-token-threshold must be >= 0, got {self.long_prefill_token_threshold}")
         if not (self.max_queue_delay >= 0 and math.isfinite(self.max_queue_delay)):

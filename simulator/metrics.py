@@ -116,7 +116,8 @@ def load_state(result: RunResult, steps: pl.DataFrame) -> dict[str, Any]:
 
     Over the second half of the arrival window (past the warm-up, while arrivals still come) the
     number of requests in the system (waiting + running) is fitted against time: an overloaded
-    server shows a steady growth, a stable one none. When that half-window is shorter than twice the
+    server shows a steady growth, larger than 2% of the arrival rate and than three times the
+    count's scatter about the fitted line; a stable one wanders about a level. When that half-window is shorter than twice the
     latency of the earliest requests, the system has not settled and the run cannot tell (`kept_up` None).
     Time-utilisation is reported too, but it is no test: a continuous batcher is busy whenever one
     request decodes.
@@ -145,9 +146,14 @@ def load_state(result: RunResult, steps: pl.DataFrame) -> dict[str, Any]:
     if len(window) < 3 or last_arrival - half < 2 * typical_latency:
         return state
     in_system = (window["num_waiting"] + window["num_running"]).to_numpy().astype(float)
-    growth = float(np.polyfit(window["start"].to_numpy(), in_system, 1)[0])
-    state["queue_growth"] = growth
-    state["kept_up"] = growth <= SATURATED_GROWTH_FRACTION * state["offered_rate"]
+    t = window["start"].to_numpy()
+    slope, intercept = np.polyfit(t, in_system, 1)
+    residual = float(np.std(in_system - (slope * t + intercept)))
+    state["queue_growth"] = float(slope)
+    # Growth must be material (a share of the arrival rate) and beyond the count's own wander.
+    material = slope > SATURATED_GROWTH_FRACTION * state["offered_rate"]
+    beyond_noise = slope * (last_arrival - half) > 3 * residual
+    state["kept_up"] = not (material and beyond_noise)
     return state
 
 

@@ -10,7 +10,7 @@ import simpy
 
 from policies import build_policy
 from simulator.config import RunConfig
-from simulator.cost import RooflineCost
+from simulator.cost import CostModel, RooflineCost
 from simulator.engine import Server, StepLog
 from simulator.errors import InputError
 from simulator.hardware import GpuSpec, load_gpu
@@ -58,7 +58,8 @@ def check_fits(workload: Workload, config: RunConfig, model: ModelSpec, kv_block
     longest = int(np.argmax(lengths))
     capacity = kv_blocks * config.block_size
     if lengths[longest] > capacity:
-        raise InputError(f"request {longest} needs {lengths[longest]} tokens of KV cache; "
+        raise InputError(f"request {longest} ({workload.prompt_tokens[longest]} prompt + "
+                         f"{workload.output_tokens[longest]} output tokens) needs {lengths[longest]} tokens of KV cache; "
                          f"the GPU holds {capacity} ({kv_blocks} blocks of {config.block_size})")
     if lengths[longest] > model.max_model_len:
         raise InputError(f"request {longest} is {lengths[longest]} tokens long; "
@@ -71,7 +72,8 @@ def check_fits(workload: Workload, config: RunConfig, model: ModelSpec, kv_block
                              f"--max-num-batched-tokens {budget}: without chunking it can never be scheduled")
 
 
-def simulate(config: RunConfig, workload: Workload | None = None) -> RunResult:
+def simulate(config: RunConfig, workload: Workload | None = None, cost: CostModel | None = None) -> RunResult:
+    """Run `config` on its own workload (or the one given) with the roofline cost (or the one given)."""
     model = load_model(config.model)
     gpu = load_gpu(config.gpu)
     policy = build_policy(config)
@@ -84,7 +86,10 @@ def simulate(config: RunConfig, workload: Workload | None = None) -> RunResult:
         weight_bytes=model.weight_bytes,
         activation_bytes=activation_reserve_bytes(model, budget, config.max_num_seqs),
         kv_bytes_per_token=model.kv_bytes_per_token, block_size=config.block_size)
+    if config.num_gpu_blocks_override is not None:
+        kv_blocks = config.num_gpu_blocks_override
     check_fits(workload, config, model, kv_blocks)
+    cost = cost or RooflineCost(model, gpu)
 
     env = simpy.Environment()
     requests: list[Request] = []
@@ -102,13 +107,13 @@ def simulate(config: RunConfig, workload: Workload | None = None) -> RunResult:
             if len(requests) < workload.num_requests:
                 server.submit(make_request(env.now))
 
-        server = Server(env, policy, RooflineCost(model, gpu), BlockManager(kv_blocks, config.block_size),
+        server = Server(env, policy, cost, BlockManager(kv_blocks, config.block_size),
                         on_finish=next_client)
         assert workload.concurrency is not None
         for _ in range(min(workload.concurrency, workload.num_requests)):
             server.submit(make_request(0.0))
     else:
-        server = Server(env, policy, RooflineCost(model, gpu), BlockManager(kv_blocks, config.block_size))
+        server = Server(env, policy, cost, BlockManager(kv_blocks, config.block_size))
         arrivals = workload.arrival.tolist()
 
         def arrive():  # type: ignore[no-untyped-def]

@@ -1,0 +1,37 @@
+"""Shared test scaffolding: a 1-second-per-step cost model and a tiny-scenario runner."""
+
+from __future__ import annotations
+
+import numpy as np
+import polars as pl
+
+from simulator.config import RunConfig
+from simulator.cost import StepShape
+from simulator.metrics import build_tables
+from simulator.simulate import RunResult, simulate
+from workloads import Workload
+
+
+class UnitCost:
+    """1 s per step; keeps every shape it was asked about."""
+
+    def __init__(self) -> None:
+        self.shapes: list[StepShape] = []
+
+    def step_time(self, shape: StepShape) -> float:
+        self.shapes.append(shape)
+        return 1.0
+
+
+def run(policy: str, arrivals: list[float], prompts: list[int], outputs: list[int], **settings: object
+        ) -> tuple[RunResult, UnitCost]:
+    workload = Workload(prompt_tokens=np.array(prompts, dtype=np.int64),
+                        output_tokens=np.array(outputs, dtype=np.int64),
+                        arrival=np.array(arrivals, dtype=np.float64), concurrency=None)
+    cost = UnitCost()
+    return simulate(RunConfig(policy=policy, **settings), workload, cost), cost  # type: ignore[arg-type]
+
+
+def token_times(result: RunResult, request_id: int) -> list[float]:
+    tokens = build_tables(result).tokens.filter(pl.col("request_id") == request_id).sort("index")
+    return tokens["time"].to_list()

@@ -1,0 +1,134 @@
+"""The `simulate` command: outputs with stable schemas, determinism, and one-line errors."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+from simulator.cli import run
+from simulator.outputs import read_metadata
+
+REQUESTS_SCHEMA = {
+    "request_id": pl.Int64, "arrival": pl.Float64, "prompt_tokens": pl.Int64, "output_tokens": pl.Int64,
+    "emitted_tokens": pl.Int64, "scheduled": pl.Float64, "first_token": pl.Float64, "finish": pl.Float64,
+    "ttft": pl.Float64, "tpot": pl.Float64, "e2el": pl.Float64, "queue": pl.Float64, "preemptions": pl.Int64,
+    "finished": pl.Boolean,
+}
+TOKENS_SCHEMA = {"request_id": pl.Int64, "index": pl.Int64, "time": pl.Float64}
+STEPS_SCHEMA = {
+    "step": pl.Int64, "start": pl.Float64, "duration": pl.Float64, "num_seqs": pl.Int64,
+    "prefill_tokens": pl.Int64, "decode_tokens": pl.Int64, "padded_tokens": pl.Int64,
+    "kv_blocks_used": pl.Int64, "num_waiting": pl.Int64, "num_running": pl.Int64, "num_preempted": pl.Int64,
+}
+TRACES = Path(__file__).resolve().parents[2] / "shared" / "reference" / "traces"
+
+
+def simulate_cli(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    codes: list[int] = []
+    run(args, exit=codes.append)
+    out, err = capsys.readouterr()
+    return codes[0], out, err
+
+
+def test_run_writes_four_files_with_stable_schemas(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "run"
+    code, stdout, _ = simulate_cli(["--policy", "chunked", "--rate", "8", "--num-requests", "40",
+                                    "--input-len-dist", "uniform:0.5", "--out", str(out)], capsys)
+    assert code == 0
+    assert "TTFT" in stdout and "ITL" in stdout
+    requests = pl.read_parquet(out / "requests.parquet")
+    tokens = pl.read_parquet(out / "tokens.parquet")
+    steps = pl.read_parquet(out / "steps.parquet")
+    assert dict(requests.schema) == REQUESTS_SCHEMA
+    assert dict(tokens.schema) == TOKENS_SCHEMA
+    assert dict(steps.schema) == STEPS_SCHEMA
+    assert requests.height == 40
+    assert tokens.height == requests["output_tokens"].sum()
+    assert read_metadata(out / "steps.parquet")["settings"]["policy"] == "chunked"
+    saved = json.loads((out / "summary.json").read_text())
+    assert saved["settings"]["rate"] == 8 and saved["settings"]["input_len_dist"] == "uniform:0.5"
+    assert saved["summary"]["completed"] == 40
+    assert saved["summary"]["mean_ttft"] == pytest.approx(requests["ttft"].mean())
+
+
+def test_same_seed_same_outputs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["--policy", "continuous", "--rate", "10", "--num-requests", "30", "--output-len-dist", "exponential"]
+    for name in ("a", "b", "c"):
+        seed = ["--seed", "7"] if name != "c" else ["--seed", "8"]
+        assert simulate_cli([*args, *seed, "--out", str(tmp_path / name)], capsys)[0] == 0
+    for table in ("requests", "tokens", "steps"):
+        a, b, c = (pl.read_parquet(tmp_path / name / f"{table}.parquet") for name in "abc")
+        assert a.equals(b)
+        assert not a.equals(c)
+
+
+def test_trace_replay(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "trace"
+    code, _, _ = simulate_cli(["--trace", str(TRACES / "azure_conv_2023.csv"), "--num-requests", "50",
+                               "--policy", "chunked", "--out", str(out)], capsys)
+    assert code == 0
+    requests = pl.read_parquet(out / "requests.parquet")
+    assert requests["prompt_tokens"].head(2).to_list() == [374, 396]  # the trace's first rows
+    assert requests["arrival"][1] == pytest.approx(50.9951690 - 46.6805900)
+
+
+def test_batch_table_prints_and_writes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "table.parquet"
+    code, stdout, _ = simulate_cli(["batch-table", "--context", "2300", "--batch", "1,8,64,128",
+                                    "--out", str(out)], capsys)
+    assert code == 0
+    assert "knee" in stdout and "ceiling" in stdout
+    table = pl.read_parquet(out)
+    assert table["batch"].to_list() == [1, 8, 64, 128]
+    assert read_metadata(out)["context"] == 2300
+
+
+@pytest.mark.parametrize(("args", "named"), [
+    (["--policy", "fifo"], "'fifo'"),
+    (["--rate", "0"], "0"),
+    (["--rate", "-3"], "-3"),
+    (["--concurrency", "0"], "0"),
+    (["--input-len", "500000"], "500000"),
+    (["--input-len-dist", "zipf"], "zipf"),
+    (["--trace", "no/such/trace.csv"], "no/such/trace.csv"),
+    (["--goodput", "ttft=500"], "ttft=500"),
+    (["--gpu", "b300"], "b300"),
+    (["--rate", "abc"], "abc"),
+    (["batch-table", "--batch", "1,x"], "1,x"),
+])
+def test_bad_input_is_one_line_naming_the_value(args: list[str], named: str, tmp_path: Path,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "never"
+    code, _, err = simulate_cli([*args, "--out", str(out)], capsys)
+    assert code != 0
+    assert len(err.strip().splitlines()) == 1, err
+    assert named in err
+    assert "Traceback" not in err
+    assert not out.exists()
+
+
+def test_trace_with_missing_columns(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    trace = tmp_path / "bad.csv"
+    trace.write_text("TIMESTAMP,ContextTokens\n2023-11-16 18:15:46.6805900,374\n")
+    code, _, err = simulate_cli(["--trace", str(trace), "--out", str(tmp_path / "x")], capsys)
+    assert code == 2 and len(err.strip().splitlines()) == 1
+    assert "bad.csv" in err and not (tmp_path / "x").exists()
+
+
+def test_existing_output_folder_is_not_overwritten(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "keep.txt").write_text("mine")
+    code, _, err = simulate_cli(["--num-requests", "5", "--out", str(tmp_path)], capsys)
+    assert code == 2 and "already exists" in err
+    assert [p.name for p in tmp_path.iterdir()] == ["keep.txt"]
+
+
+def test_console_script_exits_nonzero_without_traceback(tmp_path: Path) -> None:
+    done = subprocess.run([sys.executable, "-c", "from simulator.cli import run; run()", "--rate", "-1"],
+                          capture_output=True, text=True, cwd=tmp_path)
+    assert done.returncode == 2
+    assert done.stderr.strip() == "error: --rate must be > 0 requests/s (or inf), got -1.0"

@@ -1,0 +1,20 @@
+"""The house rules as tests: ruff and mypy clean, so `pytest` alone is the whole check."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_ruff_clean() -> None:
+    done = subprocess.run([sys.executable, "-m", "ruff", "check", "."], cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_mypy_clean() -> None:
+    done = subprocess.run([sys.executable, "-m", "mypy", "simulator", "policies", "workloads", "calibration"],
+                          cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr

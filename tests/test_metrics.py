@@ -1,0 +1,72 @@
+"""Metrics as `vllm bench serve` defines them, on a hand-computed run, and the overload flag."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from helpers import run
+
+from simulator.config import RunConfig
+from simulator.metrics import build_tables, describe, summarize
+from simulator.simulate import simulate
+
+
+def test_metrics_of_the_continuous_scenario() -> None:
+    # From test_policies: A (arrives 0) gets tokens at 1, 2, 4; B (arrives 1.5) at 3, 4.
+    result, _ = run("continuous", [0.0, 1.5], [4, 6], [3, 2],
+                    goodput=(("ttft", 1.6), ("tpot", 1.2)))
+    summary = summarize(result, build_tables(result))
+    assert summary["mean_ttft"] == pytest.approx((1.0 + 1.5) / 2)
+    assert summary["median_ttft"] == pytest.approx(1.25)
+    assert summary["std_ttft"] == pytest.approx(0.25)  # population std
+    # TPOT: A (4 - 1) / 2 = 1.5, B (2.5 - 1.5) / 1 = 1.0
+    assert summary["mean_tpot"] == pytest.approx(1.25)
+    # ITL pooled: A's gaps 1, 2 and B's gap 1.
+    assert summary["mean_itl"] == pytest.approx(4 / 3)
+    assert summary["p50_itl"] == pytest.approx(1.0)
+    assert summary["p90_itl"] == pytest.approx(np.percentile([1, 1, 2], 90))
+    assert summary["mean_e2el"] == pytest.approx((4.0 + 2.5) / 2)
+    assert summary["mean_queue"] == pytest.approx((0.0 + 0.5) / 2)
+    # Duration runs from the first arrival (0) to the last finish (4).
+    assert summary["duration"] == 4.0
+    assert summary["request_throughput"] == pytest.approx(2 / 4)
+    assert summary["output_throughput"] == pytest.approx(5 / 4)
+    assert summary["total_token_throughput"] == pytest.approx(15 / 4)
+    # Goodput: A misses the TPOT SLO (1.5 > 1.2); B meets both (TTFT 1.5 <= 1.6, TPOT 1.0).
+    assert summary["good_requests"] == 1
+    assert summary["request_goodput"] == pytest.approx(1 / 4)
+
+
+def test_describe_uses_linear_percentiles_and_population_std() -> None:
+    values = np.array([1.0, 2.0, 3.0, 10.0])
+    stats = describe(values, (25.0, 99.9))
+    assert stats["std"] == pytest.approx(np.sqrt(np.mean((values - 4.0) ** 2)))
+    assert stats["p25"] == pytest.approx(1.75)
+    assert stats["p99.9"] == pytest.approx(3 + 7 * 0.997)
+    assert describe(np.array([]), (50.0,))["p50"] is None
+
+
+def overload_state(rate: float) -> object:
+    result = simulate(RunConfig(policy="chunked", rate=rate, num_requests=2000, seed=1))
+    return summarize(result, build_tables(result))["kept_up"]
+
+
+def test_overload_is_flagged_and_a_light_load_is_not() -> None:
+    assert overload_state(4.0) is True
+    assert overload_state(20.0) is False  # about twice what one H100 serves at 2,000/300 tokens
+
+
+def test_a_short_run_says_it_cannot_tell() -> None:
+    result = simulate(RunConfig(policy="chunked", rate=12, num_requests=100, seed=1))
+    assert summarize(result, build_tables(result))["kept_up"] is None
+
+
+def test_time_limit_reports_unfinished_requests() -> None:
+    result = simulate(RunConfig(policy="chunked", rate=12, num_requests=200, seed=1, time_limit=5.0))
+    tables = build_tables(result)
+    summary = summarize(result, tables)
+    assert summary["unfinished"] > 0
+    assert summary["arrived"] == summary["completed"] + summary["unfinished"]
+    unfinished = tables.requests.filter(~tables.requests["finished"])
+    assert unfinished["finish"].null_count() == unfinished.height
+    assert (unfinished["emitted_tokens"] < unfinished["output_tokens"]).all()
