@@ -98,7 +98,8 @@ def describe(values: np.ndarray, percentiles: tuple[float, ...]) -> dict[str, fl
     """Mean, median, population std and linear percentiles; None for an empty sample."""
     if len(values) == 0:
         return dict.fromkeys(["mean", "median", "std", *(f"p{q:g}" for q in percentiles)])
-    stats: dict[str, float | None] = {"mean": float(np.mean(values)), "median": float(np.median(values)), "std": float(np.std(values))}
+    stats: dict[str, float | None] = {
+        "mean": float(np.mean(values)), "median": float(np.median(values)), "std": float(np.std(values))}
     for q, v in zip(percentiles, np.percentile(values, percentiles, method="linear"), strict=True):
         stats[f"p{q:g}"] = float(v)
     return stats
@@ -117,10 +118,10 @@ def load_state(result: RunResult, steps: pl.DataFrame) -> dict[str, Any]:
     Over the second half of the arrival window (past the warm-up, while arrivals still come) the
     number of requests in the system (waiting + running) is fitted against time: an overloaded
     server shows a steady growth, larger than 2% of the arrival rate and than three times the
-    count's scatter about the fitted line; a stable one wanders about a level. When that half-window is shorter than twice the
-    latency of the earliest requests, the system has not settled and the run cannot tell (`kept_up` None).
-    Time-utilisation is reported too, but it is no test: a continuous batcher is busy whenever one
-    request decodes.
+    count's scatter about the fitted line; a stable one wanders about a level. When that half-window
+    is shorter than twice the latency of the earliest requests, the system has not settled and the
+    run cannot tell (`kept_up` None). Time-utilisation is reported too, but it is no test: a
+    continuous batcher is busy whenever one request decodes.
     """
     requests = result.requests
     state: dict[str, Any] = {"load": "open loop", "kept_up": None, "utilisation": 0.0, "queue_growth": None,

@@ -59,8 +59,8 @@ def check_fits(workload: Workload, config: RunConfig, model: ModelSpec, kv_block
     capacity = kv_blocks * config.block_size
     if lengths[longest] > capacity:
         raise InputError(f"request {longest} ({workload.prompt_tokens[longest]} prompt + "
-                         f"{workload.output_tokens[longest]} output tokens) needs {lengths[longest]} tokens of KV cache; "
-                         f"the GPU holds {capacity} ({kv_blocks} blocks of {config.block_size})")
+                         f"{workload.output_tokens[longest]} output tokens) needs {lengths[longest]} tokens of KV "
+                         f"cache; the GPU holds {capacity} ({kv_blocks} blocks of {config.block_size})")
     if lengths[longest] > model.max_model_len:
         raise InputError(f"request {longest} is {lengths[longest]} tokens long; "
                          f"{model.name} takes at most {model.max_model_len}")

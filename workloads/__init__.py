@@ -1,0 +1,17 @@
+"""Workloads: arrival processes, token-length distributions and trace readers."""
+
+from workloads.arrivals import arrivals_until, poisson_arrivals
+from workloads.lengths import LengthDist, parse_length_dist
+from workloads.synthetic import synthetic_workload
+from workloads.traces import read_trace
+from workloads.workload import Workload
+
+__all__ = [
+    "LengthDist",
+    "Workload",
+    "arrivals_until",
+    "parse_length_dist",
+    "poisson_arrivals",
+    "read_trace",
+    "synthetic_workload",
+]

@@ -1,0 +1,92 @@
+"""Synthetic workloads: drawn lengths with gamma arrivals (open loop) or N clients (closed loop)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from simulator.errors import InputError
+from workloads.arrivals import arrivals_until, poisson_arrivals
+from workloads.lengths import parse_length_dist
+from workloads.workload import Workload
+
+
+def synthetic_workload(
+    *,
+    input_len: int,
+    output_len: int,
+    input_dist: str = "fixed",
+    output_dist: str = "fixed",
+    rate: float | None = None,
+    burstiness: float = 1.0,
+    concurrency: int | None = None,
+    num_requests: int | None = None,
+    duration: float | None = None,
+    seed: int = 0,
+) -> Workload:
+    """Build a synthetic workload; the same arguments always give the same workload.
+
+    Give exactly one of `rate` (open loop, requests/s, inf = all at once) or `concurrency` (closed
+    loop). An open loop needs `num_requests` or `duration` (seconds; with both, `num_requests` caps
+    the count). A closed loop needs `num_requests`.
+
+    Arrivals, prompt lengths and output lengths come from three independent streams spawned from
+    `seed`, so changing the rate or burstiness leaves the lengths of a given seed unchanged (and a
+    longer run extends a shorter one's lengths rather than redrawing them).
+    """
+    for name, value in (("input_len", input_len), ("output_len", output_len)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise InputError(f"{name} must be an integer >= 1 tokens, got {value!r}")
+    input_lengths = parse_length_dist(input_dist)
+    output_lengths = parse_length_dist(output_dist)
+    if (rate is None) == (concurrency is None):
+        raise InputError(
+            f"give exactly one of rate (open loop) or concurrency (closed loop), "
+            f"got rate={rate} and concurrency={concurrency}"
+        )
+    if num_requests is not None and (
+        isinstance(num_requests, bool) or not isinstance(num_requests, int) or num_requests < 1
+    ):
+        raise InputError(f"number of requests must be an integer >= 1, got {num_requests!r}")
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise InputError(f"seed must be an integer >= 0, got {seed!r}")
+    if math.isnan(burstiness) or burstiness <= 0:
+        raise InputError(f"burstiness must be > 0, got {burstiness}")
+
+    arrival_rng, input_rng, output_rng = np.random.default_rng(seed).spawn(3)
+    arrival: np.ndarray | None
+    if rate is not None:
+        if duration is not None:
+            arrival = arrivals_until(rate, duration, burstiness, arrival_rng)[:num_requests]
+            if arrival.size == 0:
+                raise InputError(
+                    f"no request arrives within duration {duration} s at rate {rate}/s; "
+                    f"raise the rate or the duration"
+                )
+        elif num_requests is not None:
+            arrival = poisson_arrivals(rate, num_requests, burstiness, arrival_rng)
+        else:
+            raise InputError("an open-loop workload needs num_requests or duration")
+        n = arrival.size
+    else:
+        if duration is not None:
+            raise InputError(
+                f"duration {duration} is not supported for a closed loop (concurrency); "
+                f"give num_requests instead"
+            )
+        if burstiness != 1.0:
+            raise InputError(
+                f"burstiness {burstiness} applies only to an open loop (rate), not to concurrency"
+            )
+        if num_requests is None:
+            raise InputError("a closed-loop workload (concurrency) needs num_requests")
+        arrival = None
+        n = num_requests
+
+    return Workload(
+        prompt_tokens=input_lengths.sample(input_len, n, input_rng),
+        output_tokens=output_lengths.sample(output_len, n, output_rng),
+        arrival=arrival,
+        concurrency=concurrency,
+    )

@@ -1,0 +1,94 @@
+"""The `Workload`: the requests a simulation serves, as columns."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from simulator.errors import InputError
+
+
+def _check_column(name: str, values: object, dtype: type[np.generic]) -> npt.NDArray[Any]:
+    if not isinstance(values, np.ndarray) or values.dtype != dtype or values.ndim != 1:
+        shape = getattr(values, "shape", None)
+        kind = getattr(values, "dtype", type(values).__name__)
+        raise InputError(
+            f"workload {name} must be a 1-D {np.dtype(dtype)} array, got {kind} with shape {shape}"
+        )
+    return values
+
+
+@dataclass(frozen=True, eq=False)
+class Workload:
+    """Requests to simulate, columnar; `arrival` is None for a closed loop.
+
+    Open loop: `arrival` holds each request's arrival in seconds (non-decreasing, >= 0; the first
+    may be > 0) and `concurrency` is None. Closed loop: `arrival` is None, `concurrency` clients
+    each send their next request when the previous one finishes, and the engine decides arrival
+    times. Two workloads are equal when every column is.
+    """
+
+    prompt_tokens: npt.NDArray[np.int64]
+    output_tokens: npt.NDArray[np.int64]
+    arrival: npt.NDArray[np.float64] | None
+    concurrency: int | None
+
+    def __post_init__(self) -> None:
+        prompt = _check_column("prompt_tokens", self.prompt_tokens, np.int64)
+        output = _check_column("output_tokens", self.output_tokens, np.int64)
+        n = len(prompt)
+        if n == 0:
+            raise InputError("workload has no requests")
+        if len(output) != n:
+            raise InputError(f"workload has {n} prompt lengths but {len(output)} output lengths")
+        for name, column in (("prompt_tokens", prompt), ("output_tokens", output)):
+            bad = np.flatnonzero(column < 1)
+            if bad.size:
+                raise InputError(
+                    f"workload {name} must be >= 1, got {column[bad[0]]} for request {bad[0]}"
+                )
+        if (self.arrival is None) == (self.concurrency is None):
+            raise InputError(
+                "workload needs exactly one of arrival times (open loop) "
+                "or concurrency (closed loop)"
+            )
+        if self.concurrency is not None:
+            if isinstance(self.concurrency, bool) or not isinstance(self.concurrency, int):
+                raise InputError(f"concurrency must be an integer, got {self.concurrency!r}")
+            if self.concurrency < 1:
+                raise InputError(f"concurrency must be >= 1, got {self.concurrency}")
+            return
+        arrival = _check_column("arrival", self.arrival, np.float64)
+        if len(arrival) != n:
+            raise InputError(f"workload has {n} requests but {len(arrival)} arrival times")
+        bad = np.flatnonzero(~np.isfinite(arrival) | (arrival < 0))
+        if bad.size:
+            raise InputError(
+                f"arrival times must be finite seconds >= 0, "
+                f"got {arrival[bad[0]]} for request {bad[0]}"
+            )
+        bad = np.flatnonzero(np.diff(arrival) < 0)
+        if bad.size:
+            i = bad[0] + 1
+            raise InputError(
+                f"arrival times must be non-decreasing, request {i} arrives at {arrival[i]} "
+                f"before request {i - 1} at {arrival[i - 1]}"
+            )
+
+    @property
+    def num_requests(self) -> int:
+        return len(self.prompt_tokens)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Workload):
+            return NotImplemented
+        return all(_same(getattr(self, f.name), getattr(other, f.name)) for f in fields(self))
+
+
+def _same(a: object, b: object) -> bool:
+    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+        return isinstance(a, np.ndarray) and isinstance(b, np.ndarray) and np.array_equal(a, b)
+    return a == b
