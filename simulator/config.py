@@ -64,6 +64,10 @@ class RunConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise InputError(f"--{name.replace('_', '-')} must be a positive integer, got {value!r}")
+        if self.policy != "static" and self.max_num_batched_tokens < self.max_num_seqs:
+            # vLLM refuses this too: a decode step of every running sequence would break the budget.
+            raise InputError(f"--max-num-batched-tokens {self.max_num_batched_tokens} must be >= --max-num-seqs "
+                             f"{self.max_num_seqs}")
         if self.num_gpu_blocks_override is not None and self.num_gpu_blocks_override < 1:
             raise InputError(f"--num-gpu-blocks-override must be positive, got {self.num_gpu_blocks_override}")
         if self.long_prefill_token_threshold < 0:

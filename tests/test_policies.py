@@ -57,7 +57,8 @@ def test_continuous_runs_prefill_only_and_decode_only_steps() -> None:
 
 def test_chunked_keeps_its_budget_and_spreads_a_long_prompt_over_steps() -> None:
     # Budget 8. A (2, 6) decodes every step while B's 20-token prompt goes in chunks 7, 7, 6.
-    result, cost = run("chunked", [0.0, 0.5], [2, 20], [6, 2], max_num_batched_tokens=8)
+    result, cost = run("chunked", [0.0, 0.5], [2, 20], [6, 2], max_num_batched_tokens=8,
+                      max_num_seqs=8)
     steps = build_tables(result).steps
     assert (steps["prefill_tokens"] + steps["decode_tokens"]).max() <= 8
     assert steps["prefill_tokens"].to_list() == [2, 7, 7, 6, 0, 0]
@@ -69,7 +70,8 @@ def test_chunked_keeps_its_budget_and_spreads_a_long_prompt_over_steps() -> None
 
 
 def test_chunked_long_prefill_threshold_caps_each_chunk() -> None:
-    result, _ = run("chunked", [0.0], [20], [1], max_num_batched_tokens=64, long_prefill_token_threshold=8)
+    result, _ = run("chunked", [0.0], [20], [1], max_num_batched_tokens=64, max_num_seqs=64,
+                   long_prefill_token_threshold=8)
     assert build_tables(result).steps["prefill_tokens"].to_list() == [8, 8, 4]
 
 
@@ -94,7 +96,7 @@ def test_stall_after_preemption_is_reported_not_hung() -> None:
     # nothing can ever run it: one clear error instead of an endless idle loop.
     with pytest.raises(InputError, match="scheduled nothing"):
         run("continuous", [0.0, 0.0], [4, 4], [6, 6], block_size=4, num_gpu_blocks_override=4,
-            max_num_batched_tokens=8)
+            max_num_batched_tokens=8, max_num_seqs=2)
 
 
 def test_max_num_seqs_limits_admission() -> None:

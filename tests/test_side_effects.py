@@ -26,7 +26,7 @@ def summary(policy: str, **settings: object) -> dict[str, object]:
 @pytest.fixture(scope="module")
 def runs() -> dict[str, dict[str, object]]:
     return {"static": summary("static"), "continuous": summary("continuous"),
-            "chunked": summary("chunked", max_num_batched_tokens=512)}
+            "chunked": summary("chunked", max_num_batched_tokens=512, max_num_seqs=256)}
 
 
 def test_all_three_keep_up_at_this_rate(runs) -> None:  # type: ignore[no-untyped-def]
