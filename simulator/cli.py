@@ -196,10 +196,28 @@ def batch_table_command(context: int, batches: str, model: str, gpu: str, gpu_me
         click.echo(f"wrote {out}")
 
 
+def join_goodput_values(argv: list[str]) -> list[str]:
+    """Let `--goodput ttft:500 tpot:50` take several words, as `vllm bench serve` does."""
+    joined: list[str] = []
+    i = 0
+    while i < len(argv):
+        joined.append(argv[i])
+        i += 1
+        if joined[-1] == "--goodput":
+            end = i
+            while end < len(argv) and not argv[end].startswith("-"):
+                end += 1
+            if end > i:
+                joined.append(" ".join(argv[i:end]))
+                i = end
+    return joined
+
+
 def run(argv: list[str] | None = None, exit: Callable[[int], Any] = sys.exit) -> None:
     """Entry point: user errors become one line on stderr and a non-zero exit."""
+    args = join_goodput_values(sys.argv[1:] if argv is None else argv)
     try:
-        main.main(args=argv, prog_name="simulate", standalone_mode=False)
+        main.main(args=args, prog_name="simulate", standalone_mode=False)
     except InputError as exc:
         click.echo(f"error: {exc}", err=True)
         exit(2)

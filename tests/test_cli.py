@@ -56,6 +56,20 @@ def test_run_writes_four_files_with_stable_schemas(tmp_path: Path, capsys: pytes
     assert saved["summary"]["mean_ttft"] == pytest.approx(requests["ttft"].mean())
 
 
+def test_goodput_takes_slos_as_vllm_bench_writes_them(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "good"
+    code, stdout, _ = simulate_cli(["--rate", "4", "--num-requests", "30", "--goodput", "ttft:45", "tpot:10.5",
+                                    "--seed", "1", "--out", str(out)], capsys)
+    assert code == 0 and "goodput" in stdout
+    saved = json.loads((out / "summary.json").read_text())
+    requests = pl.read_parquet(out / "requests.parquet")
+    good = requests.filter((pl.col("ttft") <= 0.045) & (pl.col("tpot").fill_null(0) <= 0.0105)).height
+    assert 0 < good < requests.height  # the SLOs split the requests
+    assert saved["settings"]["goodput"] == "ttft:45 tpot:10.5"
+    assert saved["summary"]["good_requests"] == good
+    assert saved["summary"]["request_goodput"] == pytest.approx(good / saved["summary"]["duration"])
+
+
 def test_same_seed_same_outputs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     args = ["--policy", "continuous", "--rate", "10", "--num-requests", "30", "--output-len-dist", "exponential"]
     for name in ("a", "b", "c"):
