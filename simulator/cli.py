@@ -164,21 +164,18 @@ def batch_table_command(context: int, batches: str, model: str, gpu: str, gpu_me
     from simulator.batch_table import batch_table
     from simulator.cost import RooflineCost
     from simulator.hardware import load_gpu
-    from simulator.kv import activation_reserve_bytes
     from simulator.model import load_model
     from simulator.outputs import write_parquet
+    from simulator.simulate import kv_cache_blocks
 
     if context < 1:
         raise InputError(f"--context must be a positive number of tokens, got {context}")
     sizes = parse_int_list(batches, "--batch")
     spec, hardware = load_model(model), load_gpu(gpu)
-    defaults = RunConfig(model=model, gpu=gpu)
-    if not 0 < gpu_memory_utilization <= 1:
-        raise InputError(f"--gpu-memory-utilization must be in (0, 1], got {gpu_memory_utilization}")
-    free = (hardware.memory_bytes * gpu_memory_utilization - spec.weight_bytes
-            - activation_reserve_bytes(spec, defaults.max_num_batched_tokens, defaults.max_num_seqs))
-    table = batch_table(spec, RooflineCost(spec, hardware), context, sizes,
-                        max(0, int(free // spec.kv_bytes_per_token)))
+    # KV capacity as a default continuous-batching server of this memory share would have it.
+    config = RunConfig(model=model, gpu=gpu, gpu_memory_utilization=gpu_memory_utilization)
+    capacity = kv_cache_blocks(config, spec, hardware, context) * config.block_size
+    table = batch_table(spec, RooflineCost(spec, hardware), context, sizes, capacity)
     rows = table.rows
     click.echo(f"{spec.name} on {hardware.name}, {context}-token contexts, decode steps")
     click.echo(f"{'batch':>6}{'step ms':>10}{'weights GB':>12}{'KV GB':>9}{'GB/s':>8}{'tok/s/req':>11}"

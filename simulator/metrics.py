@@ -70,6 +70,7 @@ def build_tables(result: RunResult) -> Tables:
     first_token = np.array([r.first_token for r in reqs], dtype=np.float64)
     finish = np.array([r.finish for r in reqs], dtype=np.float64)
     output = np.array([r.output_tokens for r in reqs], dtype=np.int64)
+    scheduled = np.array([r.scheduled for r in reqs], dtype=np.float64)
     e2el = finish - arrival
     ttft = first_token - arrival
     with np.errstate(invalid="ignore", divide="ignore"):
@@ -80,13 +81,13 @@ def build_tables(result: RunResult) -> Tables:
         "prompt_tokens": np.array([r.prompt_tokens for r in reqs], dtype=np.int64),
         "output_tokens": output,
         "emitted_tokens": np.array([r.emitted for r in reqs], dtype=np.int64),
-        "scheduled": np.array([r.scheduled for r in reqs], dtype=np.float64),
+        "scheduled": scheduled,
         "first_token": first_token,
         "finish": finish,
         "ttft": ttft,
         "tpot": tpot,
         "e2el": e2el,
-        "queue": np.array([r.scheduled for r in reqs], dtype=np.float64) - arrival,
+        "queue": scheduled - arrival,
         "preemptions": np.array([r.preemptions for r in reqs], dtype=np.int64),
         "finished": ~np.isnan(finish),
     }).with_columns(pl.col(c).fill_nan(None) for c in ("scheduled", "first_token", "finish", "ttft",

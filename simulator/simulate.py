@@ -52,6 +52,24 @@ def build_workload(config: RunConfig) -> Workload:
         num_requests=num_requests, duration=config.duration, seed=config.seed)
 
 
+def step_activation_bytes(config: RunConfig, model: ModelSpec, longest_prompt: int) -> int:
+    """Activation memory of the largest step the policy can build: its token budget, or for static
+    batching a whole batch padded to the longest prompt."""
+    tokens = (config.max_num_batched_tokens if config.policy != "static"
+              else config.max_batch_size * longest_prompt)
+    return activation_reserve_bytes(model, tokens, config.max_num_seqs)
+
+
+def kv_cache_blocks(config: RunConfig, model: ModelSpec, gpu: GpuSpec, longest_prompt: int) -> int:
+    """KV blocks the GPU holds under `config`: sized from its memory, or vLLM's override."""
+    if config.num_gpu_blocks_override is not None:
+        return config.num_gpu_blocks_override
+    return kv_capacity_blocks(
+        memory_bytes=gpu.memory_bytes, gpu_memory_utilization=config.gpu_memory_utilization,
+        weight_bytes=model.weight_bytes, activation_bytes=step_activation_bytes(config, model, longest_prompt),
+        kv_bytes_per_token=model.kv_bytes_per_token, block_size=config.block_size)
+
+
 def check_fits(workload: Workload, config: RunConfig, model: ModelSpec, kv_blocks: int) -> None:
     """Reject requests no server of this size could ever run, before any output is written."""
     lengths = workload.prompt_tokens + workload.output_tokens
@@ -79,15 +97,7 @@ def simulate(config: RunConfig, workload: Workload | None = None, cost: CostMode
     policy = build_policy(config)
     if workload is None:
         workload = build_workload(config)
-    budget = (config.max_num_batched_tokens if config.policy != "static"
-              else config.max_batch_size * int(workload.prompt_tokens.max()))
-    kv_blocks = kv_capacity_blocks(
-        memory_bytes=gpu.memory_bytes, gpu_memory_utilization=config.gpu_memory_utilization,
-        weight_bytes=model.weight_bytes,
-        activation_bytes=activation_reserve_bytes(model, budget, config.max_num_seqs),
-        kv_bytes_per_token=model.kv_bytes_per_token, block_size=config.block_size)
-    if config.num_gpu_blocks_override is not None:
-        kv_blocks = config.num_gpu_blocks_override
+    kv_blocks = kv_cache_blocks(config, model, gpu, int(workload.prompt_tokens.max()))
     check_fits(workload, config, model, kv_blocks)
     cost = cost or RooflineCost(model, gpu)
 

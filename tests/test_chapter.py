@@ -10,10 +10,11 @@ from __future__ import annotations
 import pytest
 
 from simulator.batch_table import batch_table
+from simulator.config import RunConfig
 from simulator.cost import RooflineCost
 from simulator.hardware import load_gpu
-from simulator.kv import activation_reserve_bytes
 from simulator.model import LLAMA_3_1_8B
+from simulator.simulate import kv_cache_blocks
 
 CHAPTER_STEP_MS = {1: 7.0, 8: 7.8, 64: 14.1, 128: 21.7}
 CONTEXT = 2300
@@ -22,9 +23,10 @@ CONTEXT = 2300
 @pytest.fixture(scope="module")
 def table():  # type: ignore[no-untyped-def]
     gpu = load_gpu("h100_sxm")
-    free = gpu.memory_bytes * 0.9 - LLAMA_3_1_8B.weight_bytes - activation_reserve_bytes(LLAMA_3_1_8B, 8192, 1024)
+    config = RunConfig()  # the default server: 0.9 of the card, 8192-token steps
+    capacity = kv_cache_blocks(config, LLAMA_3_1_8B, gpu, CONTEXT) * config.block_size
     return batch_table(LLAMA_3_1_8B, RooflineCost(LLAMA_3_1_8B, gpu), CONTEXT, [1, 2, 4, 8, 16, 32, 64, 128],
-                       int(free // LLAMA_3_1_8B.kv_bytes_per_token))
+                       capacity)
 
 
 def by_batch(table, column: str) -> dict[int, float]:  # type: ignore[no-untyped-def]

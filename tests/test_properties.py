@@ -32,10 +32,9 @@ from hypothesis import strategies as st
 from simulator.config import RunConfig
 from simulator.errors import InputError
 from simulator.hardware import load_gpu
-from simulator.kv import activation_reserve_bytes
 from simulator.metrics import Tables, build_tables, summarize
 from simulator.model import load_model
-from simulator.simulate import RunResult, simulate
+from simulator.simulate import RunResult, simulate, step_activation_bytes
 from workloads import Workload
 
 POLICIES = ("static", "continuous", "chunked")
@@ -115,9 +114,7 @@ def cases(draw: st.DrawFn, policy: str) -> Case:
 def utilisation_for(config: RunConfig, workload: Workload, blocks: int) -> float:
     """The gpu_memory_utilization that leaves exactly `blocks` KV blocks (half a block of slack)."""
     model, gpu = load_model(config.model), load_gpu(config.gpu)
-    budget = (config.max_num_batched_tokens if config.policy != "static"
-              else config.max_batch_size * int(workload.prompt_tokens.max()))
-    activations = activation_reserve_bytes(model, budget, config.max_num_seqs)
+    activations = step_activation_bytes(config, model, int(workload.prompt_tokens.max()))
     block_bytes = model.kv_bytes_per_token * config.block_size
     return (model.weight_bytes + activations + (blocks + 0.5) * block_bytes) / gpu.memory_bytes
 
