@@ -13,13 +13,11 @@ kernel is plainly bound by one thing, so each is an achieved rate, not a datashe
 The kernel tables hold no host-side time, so step_overhead is 0 here; whole-pass calibration
 measures it.
 
-Run: python -m calibration.fit_roofline [--reference ../shared/reference/kernels]
+`python -m calibration.build_reference` writes these constants into each shipped profile.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 from pathlib import Path
 
 import polars as pl
@@ -83,20 +81,3 @@ def build_profile(gpu: str, reference: Path) -> dict[str, object]:
                    f"systems/data/{gpu}; memory and datasheet rates from its system.yaml"),
     }
     return profile
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    default_reference = Path(__file__).resolve().parent.parent.parent / "shared" / "reference" / "kernels"
-    parser.add_argument("--reference", type=Path, default=default_reference)
-    args = parser.parse_args()
-    for gpu in GPUS:
-        profile = build_profile(gpu, args.reference)
-        out = PROFILES_DIR / gpu / "roofline.json"
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(profile, indent=2) + "\n")
-        print(f"wrote {out}")
-
-
-if __name__ == "__main__":
-    main()

@@ -1,15 +1,20 @@
-"""GPU specs: the achieved rates a roofline cost model needs, loaded from profile files.
+"""GPU profiles: measured kernel tables and the roofline constants, loaded from profile folders.
 
-Hardware is data, not code: each profile is a folder under `calibration/profiles/` whose
-`roofline.json` holds the datasheet numbers and the achieved bandwidth, FLOP/s and kernel latency
-fitted from measured kernels (see `calibration/fit_roofline.py`, which writes these files).
+Hardware is data, not code: each profile is a folder under `calibration/profiles/` (or anywhere,
+given by path) in the format `calibration/README.md` documents: `profile.json` (metadata and
+provenance), one Parquet table per operator family, and `roofline.json` with the achieved
+bandwidth, FLOP/s and kernel latency fitted from the kernels (`calibration/fit_roofline.py`).
 """
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass, fields
+from functools import lru_cache
 from pathlib import Path
+from typing import Any
+
+import polars as pl
 
 from simulator.errors import InputError
 
@@ -53,16 +58,21 @@ def available_gpus() -> list[str]:
     return sorted(p.name for p in PROFILES_DIR.iterdir() if (p / "roofline.json").exists())
 
 
-def load_gpu(name_or_path: str) -> GpuSpec:
-    """A shipped profile by name (`h100_sxm`), or a profile folder or `roofline.json` path."""
-    path = Path(name_or_path)
+def profile_dir(name_or_path: str) -> Path:
+    """The folder of a shipped profile by name (`h100_sxm`), or of a profile folder or file path."""
     if (PROFILES_DIR / name_or_path / "roofline.json").exists():
-        path = PROFILES_DIR / name_or_path / "roofline.json"
-    elif path.is_dir():
-        path = path / "roofline.json"
-    if not path.is_file():
+        return PROFILES_DIR / name_or_path
+    path = Path(name_or_path)
+    folder = path if path.is_dir() else path.parent
+    if not path.exists() or not (folder / "roofline.json").is_file():
         raise InputError(f"unknown GPU {name_or_path!r}: not a shipped profile ({', '.join(available_gpus())}) "
-                         "and no such profile file")
+                         "and no such profile folder")
+    return folder
+
+
+def load_gpu(name_or_path: str) -> GpuSpec:
+    """The roofline constants of a shipped profile by name, or of a profile folder or file path."""
+    path = profile_dir(name_or_path) / "roofline.json"
     try:
         data = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as exc:
@@ -72,3 +82,72 @@ def load_gpu(name_or_path: str) -> GpuSpec:
     if missing:
         raise InputError(f"GPU profile {str(path)!r} lacks {', '.join(missing)}")
     return GpuSpec(**{key: data[key] for key in expected})
+
+
+# Operator families and the columns each table must have. Latencies are seconds, sizes bytes/tokens.
+TABLE_COLUMNS: dict[str, tuple[str, ...]] = {
+    "gemm": ("m", "n", "k", "latency"),
+    "prefill_attention": ("batch_size", "new_tokens", "context", "num_heads", "num_kv_heads", "head_dim", "latency"),
+    "decode_attention": ("batch_size", "context", "num_heads", "num_kv_heads", "head_dim", "latency"),
+    "elementwise": ("op", "tokens", "bytes", "latency"),
+    "collectives": ("op", "num_gpus", "message_bytes", "latency"),
+}
+VALIDATION_COLUMNS = ("kind", "batch_size", "new_tokens", "context", "latency")
+META_KEYS = ("format", "name", "device", "memory_bytes", "datasheet_mem_bw", "datasheet_flops", "dtype", "libraries",
+             "date", "source", "step_overhead", "families")
+
+
+@dataclass(frozen=True, eq=False)
+class Profile:
+    """One GPU's measured operator tables, their provenance, and its roofline constants."""
+
+    path: Path
+    meta: dict[str, Any]
+    gpu: GpuSpec
+    tables: dict[str, pl.DataFrame]
+    validation: pl.DataFrame | None
+    """Whole forward passes measured by the calibration script (absent in reference-built profiles)."""
+
+    @property
+    def step_overhead(self) -> float:
+        return float(self.meta["step_overhead"])
+
+
+def _read_table(path: Path, columns: tuple[str, ...]) -> pl.DataFrame:
+    try:
+        table = pl.read_parquet(path)
+    except (OSError, pl.exceptions.PolarsError) as exc:
+        raise InputError(f"cannot read profile table {str(path)!r}: {exc}") from None
+    missing = [c for c in columns if c not in table.columns]
+    if missing:
+        raise InputError(f"profile table {str(path)!r} lacks {', '.join(missing)}")
+    if table.height and not table["latency"].min() > 0:  # type: ignore[operator]
+        raise InputError(f"profile table {str(path)!r} has a latency <= 0")
+    return table.select(columns)
+
+
+def load_profile(name_or_path: str) -> Profile:
+    """A whole profile: metadata, one table per operator family, optional validation passes."""
+    folder = profile_dir(name_or_path)
+    return _load_profile(folder.resolve(), (folder / "profile.json").stat().st_mtime_ns
+                         if (folder / "profile.json").exists() else 0)
+
+
+@lru_cache(maxsize=16)
+def _load_profile(folder: Path, _mtime: int) -> Profile:
+    meta_path = folder / "profile.json"
+    if not meta_path.is_file():
+        raise InputError(f"profile {str(folder)!r} has no profile.json (only a roofline): use --cost roofline")
+    try:
+        meta = json.loads(meta_path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise InputError(f"cannot read {str(meta_path)!r}: {exc}") from None
+    missing = [key for key in META_KEYS if key not in meta]
+    if missing:
+        raise InputError(f"{str(meta_path)!r} lacks {', '.join(missing)}")
+    if not (isinstance(meta["step_overhead"], (int, float)) and meta["step_overhead"] >= 0):
+        raise InputError(f"{str(meta_path)!r}: step_overhead must be >= 0 seconds, got {meta['step_overhead']!r}")
+    tables = {family: _read_table(folder / f"{family}.parquet", columns) for family, columns in TABLE_COLUMNS.items()}
+    validation_path = folder / "validation.parquet"
+    validation = _read_table(validation_path, VALIDATION_COLUMNS) if validation_path.exists() else None
+    return Profile(folder, meta, load_gpu(str(folder)), tables, validation)

@@ -10,7 +10,7 @@ import simpy
 
 from policies import build_policy
 from simulator.config import RunConfig
-from simulator.cost import CostModel, RooflineCost
+from simulator.cost import CostModel, build_cost_model
 from simulator.engine import Server, StepLog
 from simulator.errors import InputError
 from simulator.hardware import GpuSpec, load_gpu
@@ -99,7 +99,7 @@ def simulate(config: RunConfig, workload: Workload | None = None, cost: CostMode
         workload = build_workload(config)
     kv_blocks = kv_cache_blocks(config, model, gpu, int(workload.prompt_tokens.max()))
     check_fits(workload, config, model, kv_blocks)
-    cost = cost or RooflineCost(model, gpu)
+    cost = cost or build_cost_model(config, model, gpu)
 
     env = simpy.Environment()
     requests: list[Request] = []

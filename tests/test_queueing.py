@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 from simulator.config import RunConfig
-from simulator.cost import RooflineCost, StepShape
+from simulator.cost import StepShape, build_cost_model
 from simulator.hardware import load_gpu
 from simulator.metrics import build_tables, summarize
 from simulator.model import load_model
@@ -33,7 +33,8 @@ PROMPT = 2000
 def service_time(prompt: int, output: int) -> float:
     """D: prefill of the whole prompt (context = prompt), then one decode step per further token,
     the k-th at context prompt + k (the context counts the token computed in that step)."""
-    cost = RooflineCost(load_model("llama-3.1-8b"), load_gpu("h100_sxm"))
+    config = RunConfig()  # the runs below use the default cost model
+    cost = build_cost_model(config, load_model(config.model), load_gpu(config.gpu))
     prefill = cost.step_time(StepShape.from_rows([(prompt, prompt)]))
     return prefill + sum(cost.step_time(StepShape.from_rows([(1, prompt + k)])) for k in range(1, output))
 

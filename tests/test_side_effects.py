@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 from simulator.config import RunConfig
-from simulator.cost import RooflineCost, StepShape
+from simulator.cost import StepShape, build_cost_model
 from simulator.hardware import load_gpu
 from simulator.metrics import build_tables, summarize
 from simulator.model import LLAMA_3_1_8B
@@ -39,7 +39,7 @@ def test_static_ttft_far_above_continuous(runs) -> None:  # type: ignore[no-unty
 
 
 def test_prefill_stalls_in_continuous_itl_removed_by_chunking(runs) -> None:  # type: ignore[no-untyped-def]
-    cost = RooflineCost(LLAMA_3_1_8B, load_gpu("h100_sxm"))
+    cost = build_cost_model(RunConfig(), LLAMA_3_1_8B, load_gpu("h100_sxm"))  # as the runs above
     prefill_2000 = cost.step_time(StepShape.from_rows([(2000, 2000)]))
     # Continuous: the ITL tail is at least a whole 2,000-token prefill step.
     assert runs["continuous"]["p99_itl"] >= prefill_2000

@@ -1,0 +1,123 @@
+"""Build the shipped H100 SXM and H200 SXM profiles from the reference kernel measurements.
+
+Reads aiconfigurator's measured vLLM 0.14 kernel tables (`../shared/reference/kernels/<gpu>/`,
+latencies in ms) and writes `calibration/profiles/<gpu>/` in the format of `calibration/README.md`:
+bf16 rows only, latencies in seconds, sizes in bytes, and in `profile.json` where every family came
+from. Two families are not in the reference data and are derived, as `profile.json` says:
+elementwise kernels (the GEMM floor latency plus bytes at the weight-streaming bandwidth, both
+from `fit_roofline`) and the per-step overhead (0: the kernel tables hold no host time).
+
+Run: python -m calibration.build_reference [--reference ../shared/reference/kernels]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import yaml
+
+from calibration.fit_roofline import GPUS, PROFILES_DIR, build_profile
+
+FORMAT = 1
+COMMIT = "095f58a"
+BF16 = 2
+MS = 1e-3
+
+
+def gemm_table(kernel_dir: Path) -> pl.DataFrame:
+    return (pl.read_parquet(kernel_dir / "gemm_perf.parquet").filter(pl.col("gemm_dtype") == "bfloat16")
+            .select("m", "n", "k", latency=pl.col("latency") * MS).sort("n", "k", "m"))
+
+
+def attention_tables(kernel_dir: Path) -> tuple[pl.DataFrame, pl.DataFrame]:
+    heads = (pl.col("num_heads"), pl.col("num_key_value_heads").alias("num_kv_heads"), pl.col("head_dim"))
+    bf16 = (pl.col("attn_dtype") == "bfloat16") & (pl.col("kv_cache_dtype") == "bfloat16")
+    # Prefill: `isl` prompt tokens with no cached prefix, so new tokens = context = isl.
+    prefill = (pl.read_parquet(kernel_dir / "context_attention_perf.parquet").filter(bf16)
+               .select("batch_size", *heads, new_tokens=pl.col("isl"), context=pl.col("isl") + pl.col("step"),
+                       latency=pl.col("latency") * MS)
+               .sort("num_heads", "num_kv_heads", "batch_size", "new_tokens"))
+    # Decode: one new token attending to isl + step cached ones.
+    decode = (pl.read_parquet(kernel_dir / "generation_attention_perf.parquet").filter(bf16)
+              .select("batch_size", *heads, context=pl.col("isl") + pl.col("step"), latency=pl.col("latency") * MS)
+              .sort("num_heads", "num_kv_heads", "batch_size", "context"))
+    return prefill, decode
+
+
+def collectives_table(kernel_dir: Path) -> pl.DataFrame:
+    # vLLM's custom all-reduce as captured in CUDA graphs; message_size counts bf16 elements.
+    return (pl.read_parquet(kernel_dir / "custom_allreduce_perf.parquet")
+            .filter((pl.col("backend") == "vllm_graph") & (pl.col("allreduce_dtype") == "bfloat16"))
+            .select(op=pl.lit("all_reduce"), num_gpus="num_gpus", message_bytes=pl.col("message_size") * BF16,
+                    latency=pl.col("latency") * MS)
+            .sort("num_gpus", "message_bytes"))
+
+
+def elementwise_table(kernel_latency: float, mem_bw: float) -> pl.DataFrame:
+    """Derived, not measured: floor latency plus bytes over the achieved streaming bandwidth."""
+    nbytes = np.geomspace(2**10, 2**34, 25).round()
+    return pl.DataFrame({"op": "elementwise", "tokens": 0, "bytes": nbytes.astype(np.int64),
+                         "latency": kernel_latency + nbytes / mem_bw})
+
+
+def build(gpu: str, reference: Path, out: Path) -> None:
+    kernel_dir = reference / gpu
+    roofline = build_profile(gpu, reference)
+    kernel_latency, mem_bw = float(roofline["kernel_latency"]), float(roofline["mem_bw"])  # type: ignore[arg-type]
+    system = yaml.safe_load((kernel_dir / "system.yaml").read_text())["gpu"]
+    gemm = gemm_table(kernel_dir)
+    prefill, decode = attention_tables(kernel_dir)
+    device = pl.read_parquet(kernel_dir / "gemm_perf.parquet")["device"][0]
+    vllm = pl.read_parquet(kernel_dir / "gemm_perf.parquet")["version"][0]
+    origin = (f"aiconfigurator (github.com/ai-dynamo/aiconfigurator, commit {COMMIT}, Apache-2.0), "
+              f"systems/data/{gpu}")
+    meta = {
+        "format": FORMAT,
+        "name": gpu,
+        "device": device,
+        "memory_bytes": int(system["mem_capacity"]),
+        "datasheet_mem_bw": float(system["mem_bw"]),
+        "datasheet_flops": float(system["bfloat16_tc_flops"]),
+        "dtype": "bfloat16",
+        "libraries": {"vllm": vllm},
+        "date": "aiconfigurator data at commit " + COMMIT,
+        "source": f"{GPUS[gpu]}: measured vLLM {vllm} kernels from {origin}; built by "
+                  "calibration/build_reference.py",
+        "step_overhead": 0.0,
+        "model": None,
+        "families": {
+            "gemm": f"measured: gemm_perf.parquet, bf16 ({gemm.height} shapes)",
+            "prefill_attention": f"measured: context_attention_perf.parquet, bf16 KV ({prefill.height} shapes)",
+            "decode_attention": f"measured: generation_attention_perf.parquet, bf16 KV ({decode.height} shapes)",
+            "elementwise": (f"derived: {kernel_latency * 1e6:.2f} us (median bf16 GEMM with m <= 16, "
+                            f"n, k <= 128) + bytes / {mem_bw / 1e12:.2f} TB/s (weight-streaming GEMMs)"),
+            "collectives": "measured: custom_allreduce_perf.parquet, vllm_graph backend, bf16",
+            "step_overhead": "0: the kernel tables hold no host time; calibration measures it",
+        },
+    }
+    out.mkdir(parents=True, exist_ok=True)
+    gemm.write_parquet(out / "gemm.parquet")
+    prefill.write_parquet(out / "prefill_attention.parquet")
+    decode.write_parquet(out / "decode_attention.parquet")
+    elementwise_table(kernel_latency, mem_bw).write_parquet(out / "elementwise.parquet")
+    collectives_table(kernel_dir).write_parquet(out / "collectives.parquet")
+    (out / "profile.json").write_text(json.dumps(meta, indent=2) + "\n")
+    (out / "roofline.json").write_text(json.dumps(roofline, indent=2) + "\n")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    default_reference = Path(__file__).resolve().parent.parent.parent / "shared" / "reference" / "kernels"
+    parser.add_argument("--reference", type=Path, default=default_reference)
+    args = parser.parse_args()
+    for gpu in GPUS:
+        build(gpu, args.reference, PROFILES_DIR / gpu)
+        print(f"wrote {PROFILES_DIR / gpu}")
+
+
+if __name__ == "__main__":
+    main()
