@@ -1,0 +1,350 @@
+"""Sweeps: the cartesian product of run settings, one Parquet row per configuration.
+
+A row holds the configuration's settings (the `RunConfig` names; `num_requests` and `duration`,
+which the summary also uses, as `setting_num_requests` and `setting_duration`), its `config_id`
+(a hash of the settings), `error` (None, or why it failed) and the summary metrics of a single
+run under the same names. Each finished row is committed as its own small Parquet file in
+`OUT.parts/`, and the `--out` file is rewritten from them atomically, so a sweep killed at any
+moment leaves a readable `--out` and a rerun of the same command runs only what is missing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import os
+import shutil
+import time
+import tomllib
+import types
+import typing
+from collections.abc import Callable
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import click
+
+from simulator.config import RunConfig
+from simulator.errors import InputError
+from simulator.executors import Rows, WorkerDied, run_local, run_ray, setting_column
+
+if TYPE_CHECKING:
+    import polars as pl
+
+# Sweep-wide settings: their values are lists themselves, so they cannot be axes.
+SWEEP_WIDE = ("percentiles", "goodput")
+AXIS_NAMES = tuple(name for name in RunConfig.field_names() if name not in SWEEP_WIDE)
+FLUSH_INTERVAL = 1.0
+"""Seconds between rewrites of the --out file while rows come in (every row is committed at once)."""
+
+
+def flag(name: str) -> str:
+    return f"--{name.replace('_', '-')}"
+
+
+def _setting_types() -> dict[str, tuple[type, bool]]:
+    """Each axis setting's scalar type and whether it may be None."""
+    hints = typing.get_type_hints(RunConfig)
+    kinds = {}
+    for name in AXIS_NAMES:
+        hint = hints[name]
+        args = typing.get_args(hint) if isinstance(hint, types.UnionType) else (hint,)
+        scalar = [a for a in args if a is not type(None)]
+        assert len(scalar) == 1 and scalar[0] in (str, int, float), f"{name}: {hint}"
+        kinds[name] = (scalar[0], type(None) in args)
+    return kinds
+
+
+SETTING_TYPES = _setting_types()
+
+
+def parse_value(name: str, value: Any) -> Any:
+    """One value of setting `name`, from command-line text or a YAML/TOML scalar."""
+    kind, optional = SETTING_TYPES[name]
+    if isinstance(value, str):
+        text = value.strip()
+        if optional and text.lower() in ("none", "null"):
+            return None
+        if kind is str:
+            return text
+        try:
+            return kind(text)
+        except ValueError:
+            raise InputError(f"{flag(name)} takes {kind.__name__} values, got {text!r}") from None
+    if value is None and optional:
+        return None
+    if kind is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    if kind is int and isinstance(value, int) and not isinstance(value, bool):
+        return value
+    raise InputError(f"{flag(name)} takes {kind.__name__} values, got {value!r}")
+
+
+def setting_name(key: str) -> str:
+    name = key.replace("-", "_").removeprefix("__")
+    if name not in RunConfig.field_names():
+        raise InputError(f"unknown setting {key!r} (a sweep takes the settings of `simulate run`)")
+    return name
+
+
+def read_sweep_file(path: Path, subject: str) -> pl.DataFrame:
+    """A sweep's rows; `subject` starts the error line (the quoted path, or how --out came to be read)."""
+    import polars as pl
+
+    try:
+        rows = pl.read_parquet(path)
+    except (OSError, pl.exceptions.PolarsError):
+        raise InputError(f"{subject} is not a Parquet file") from None
+    if "config_id" not in rows.columns:
+        raise InputError(f"{subject} is not a sweep file (no config_id column)")
+    return rows
+
+
+@dataclass
+class SweepSpec:
+    """The settings of a sweep: values for every setting given (one or more), the rest default."""
+
+    axes: dict[str, list[Any]]
+    percentiles: str = "50,90,99"
+    goodput: str = ""
+
+    def __post_init__(self) -> None:
+        for name, values in self.axes.items():
+            if not values:
+                raise InputError(f"{flag(name)} lists no values")
+            seen = set()
+            for value in values:
+                if value in seen:
+                    raise InputError(f"{flag(name)} lists {value!r} twice")
+                seen.add(value)
+        # Validates them once for every configuration, and writes them as RunConfig.to_dict does.
+        from simulator.cli import parse_goodput, parse_percentiles
+        canonical = RunConfig(percentiles=parse_percentiles(self.percentiles),
+                              goodput=parse_goodput((self.goodput,))).to_dict()
+        self.percentiles, self.goodput = canonical["percentiles"], canonical["goodput"]
+
+    def settings(self) -> list[dict[str, Any]]:
+        """Every configuration, the product of the axes in `RunConfig` field order."""
+        defaults = {f.name: f.default for f in fields(RunConfig) if f.name not in SWEEP_WIDE}
+        names = [name for name in AXIS_NAMES if name in self.axes]
+        configs = []
+        for values in itertools.product(*(self.axes[name] for name in names)):
+            configs.append(defaults | dict(zip(names, values, strict=True))
+                           | {"percentiles": self.percentiles, "goodput": self.goodput})
+        return configs
+
+    def metadata(self) -> dict[str, Any]:
+        return {"sweep": {"axes": self.axes, "percentiles": self.percentiles, "goodput": self.goodput}}
+
+
+def read_spec_file(path: Path) -> tuple[dict[str, list[Any]], dict[str, str]]:
+    """`axes:` (setting: list of values) and `fixed:` (setting: value) from YAML or TOML."""
+    import yaml
+
+    if not path.is_file():
+        raise InputError(f"--file {str(path)!r} does not exist")
+    try:
+        if path.suffix == ".toml":
+            data = tomllib.loads(path.read_text())
+        elif path.suffix in (".yaml", ".yml"):
+            data = yaml.safe_load(path.read_text()) or {}
+        else:
+            raise InputError(f"--file {str(path)!r} must be .yaml, .yml or .toml")
+    except (tomllib.TOMLDecodeError, yaml.YAMLError) as exc:
+        raise InputError(f"--file {str(path)!r} is not valid: {str(exc).splitlines()[0]}") from None
+    if not isinstance(data, dict) or set(data) - {"axes", "fixed"}:
+        raise InputError(f"--file {str(path)!r} takes only the tables 'axes' and 'fixed'")
+    axes: dict[str, list[Any]] = {}
+    sweep_wide: dict[str, str] = {}
+    for section in ("axes", "fixed"):
+        for key, value in (data.get(section) or {}).items():
+            name = setting_name(str(key))
+            if name in SWEEP_WIDE:
+                if section == "axes":
+                    raise InputError(f"{name} applies to the whole sweep: put it under 'fixed', not 'axes'")
+                sweep_wide[name] = ",".join(f"{v}" for v in value) if isinstance(value, list) else str(value)
+            elif section == "axes":
+                if not isinstance(value, list):
+                    raise InputError(f"axis {key!r} in {str(path)!r} must be a list of values, got {value!r}")
+                axes[name] = [parse_value(name, v) for v in value]
+            else:
+                axes[name] = [parse_value(name, value)]
+    return axes, sweep_wide
+
+
+def config_id(settings: dict[str, Any]) -> str:
+    from simulator.outputs import json_safe
+
+    return hashlib.sha256(json.dumps(json_safe(settings), sort_keys=True).encode()).hexdigest()[:16]
+
+
+class SweepStore:
+    """The --out file and the part files that commit its rows one configuration at a time."""
+
+    def __init__(self, out: Path, metadata: dict[str, Any]) -> None:
+        import polars as pl
+
+        self.out = out
+        self.parts = out.with_name(f"{out.name}.parts")
+        self.metadata = metadata
+        self.rows: dict[str, dict[str, Any]] = {}
+        if out.exists():
+            existing = read_sweep_file(out, f"--out {str(out)!r} exists and")
+            self.rows.update((row["config_id"], row) for row in existing.to_dicts())
+        if self.parts.is_dir():
+            for part in sorted(self.parts.glob("*.parquet")):
+                row = pl.read_parquet(part).to_dicts()[0]
+                self.rows[row["config_id"]] = row
+        self.last_flush = -float("inf")
+
+    def done(self, retry_failed: bool) -> set[str]:
+        return {cid for cid, row in self.rows.items() if not (retry_failed and row.get("error") is not None)}
+
+    def commit(self, row: dict[str, Any], order: dict[str, int]) -> None:
+        import polars as pl
+
+        from simulator.outputs import write_parquet
+
+        self.parts.mkdir(parents=True, exist_ok=True)
+        write_parquet(pl.from_dicts([row], infer_schema_length=None), self.parts / f"{row['config_id']}.parquet",
+                      self.metadata)
+        self.rows[row["config_id"]] = row
+        if time.monotonic() - self.last_flush >= FLUSH_INTERVAL:
+            self.flush(order)
+
+    def flush(self, order: dict[str, int]) -> None:
+        """Rewrite --out from every committed row: this sweep's in product order, then older ones."""
+        import polars as pl
+
+        from simulator.outputs import write_parquet
+
+        ids = sorted(self.rows, key=lambda cid: order.get(cid, len(order)))
+        frame = pl.from_dicts([self.rows[cid] for cid in ids], infer_schema_length=None,
+                              schema_overrides=settings_schema())
+        write_parquet(frame, self.out, self.metadata)
+        self.last_flush = time.monotonic()
+
+    def drop_parts(self) -> None:
+        """Once --out holds every row the part files are redundant."""
+        shutil.rmtree(self.parts, ignore_errors=True)
+
+
+def settings_schema() -> dict[str, Any]:
+    """Settings columns keep their types in a row where every value is None (e.g. --rate none)."""
+    import polars as pl
+
+    dtypes = {str: pl.String, int: pl.Int64, float: pl.Float64}
+    schema: dict[str, Any] = {setting_column(name): dtypes[kind] for name, (kind, _) in SETTING_TYPES.items()}
+    return schema | dict.fromkeys(SWEEP_WIDE, pl.String) | {"config_id": pl.String, "error": pl.String}
+
+
+@dataclass(frozen=True)
+class SweepOutcome:
+    total: int
+    skipped: int
+    ran: int
+    failed: list[tuple[str, str]]
+    """(config_id, error) of this run's failures."""
+
+
+def run_sweep(spec: SweepSpec, out: Path, *, jobs: int = 1, executor: str = "local", address: str | None = None,
+              tables_dir: Path | None = None, retry_failed: bool = False, progress: bool = False) -> SweepOutcome:
+    """Run every configuration of `spec` not already in `out`, committing each row as it finishes."""
+    if out.is_dir():
+        raise InputError(f"--out {str(out)!r} is a folder; give a .parquet file")
+    if jobs < 1:
+        raise InputError(f"--jobs must be a positive number of workers, got {jobs}")
+    if address is not None and executor != "ray":
+        raise InputError(f"--address {address!r} is for --executor ray")
+    configs = [(config_id(settings), settings) for settings in spec.settings()]
+    order = {cid: i for i, (cid, _) in enumerate(configs)}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    store = SweepStore(out, spec.metadata())
+    done = store.done(retry_failed)
+    todo = [(cid, settings) for cid, settings in configs if cid not in done]
+    tables = str(tables_dir) if tables_dir is not None else None
+    rows: Rows = (run_ray(todo, jobs, address, tables) if executor == "ray"
+                                      else run_local(todo, jobs, tables))
+    failed = []
+    bar = progress_bar(len(configs), len(configs) - len(todo), progress)
+    try:
+        for row in rows:
+            store.commit(row, order)
+            if row["error"] is not None:
+                failed.append((row["config_id"], row["error"]))
+            bar(1)
+    except WorkerDied as exc:
+        raise click.ClickException(f"{exc}; the finished configurations are in {out}: rerun the same command "
+                                   "to run the rest") from None
+    finally:
+        rows.close()  # stops the workers of an interrupted sweep
+        bar(0)
+        store.flush(order)
+    store.drop_parts()
+    return SweepOutcome(len(configs), len(configs) - len(todo), len(todo), failed)
+
+
+def progress_bar(total: int, initial: int, show: bool) -> Callable[[int], None]:
+    """A tqdm bar on stderr (done/total, rate, ETA); call with 1 per row, 0 to close."""
+    if not show:
+        return lambda _n: None
+    from tqdm import tqdm
+
+    bar = tqdm(total=total, initial=initial, unit="config", desc="sweep", smoothing=0.1)
+
+    def update(n: int) -> None:
+        if n:
+            bar.update(n)
+        else:
+            bar.close()
+    return update
+
+
+def setting_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """One option per run setting, taking one value or a comma-separated list."""
+    for name in reversed(AXIS_NAMES):
+        kind, optional = SETTING_TYPES[name]
+        help_text = f"{kind.__name__} values" + (" ('none' for unset)" if optional else "") + ", comma-separated."
+        command = click.option(flag(name), name, default=None, metavar="V[,V...]", help=help_text)(command)
+    return command
+
+
+@click.command("sweep")
+@click.option("--out", type=click.Path(path_type=Path), required=True,
+              help="Parquet file, one row per configuration; an existing sweep file is extended.")
+@click.option("--file", "spec_file", type=click.Path(path_type=Path), default=None,
+              help="YAML or TOML file with 'axes' (setting: [values]) and 'fixed' (setting: value).")
+@click.option("--jobs", type=int, default=None, help="Configurations run at once [default: all cores].")
+@click.option("--executor", type=click.Choice(["local", "ray"]), default="local", show_default=True)
+@click.option("--address", default=None, help="Ray cluster to run on [default: start a local Ray instance].")
+@click.option("--tables", "tables_dir", type=click.Path(path_type=Path), default=None,
+              help="Also write every configuration's requests, tokens and steps here, Hive-partitioned by "
+                   "config_id.")
+@click.option("--retry-failed", is_flag=True, help="Run again the configurations whose row holds an error.")
+@click.option("--percentiles", default=None, help="Latency percentiles of every summary [default: 50,90,99].")
+@click.option("--goodput", multiple=True, help="SLOs in ms, e.g. 'ttft:500 tpot:50'.")
+@setting_options
+def sweep_command(out: Path, spec_file: Path | None, jobs: int | None, executor: str, address: str | None,
+                  tables_dir: Path | None, retry_failed: bool, percentiles: str | None, goodput: tuple[str, ...],
+                  **settings: str | None) -> None:
+    """Run the cartesian product of run settings: `--rate 2,4,8 --policy static,chunked`."""
+    axes, sweep_wide = read_spec_file(spec_file) if spec_file is not None else ({}, {})
+    for name, text in settings.items():
+        if text is not None:
+            axes[name] = [parse_value(name, value) for value in text.split(",")]
+    if percentiles is not None:
+        sweep_wide["percentiles"] = percentiles
+    if goodput:
+        sweep_wide["goodput"] = " ".join(goodput)
+    spec = SweepSpec(axes, **sweep_wide)
+    workers = jobs if jobs is not None else len(os.sched_getaffinity(0))
+    outcome = run_sweep(spec, out, jobs=workers, executor=executor, address=address, tables_dir=tables_dir,
+                        retry_failed=retry_failed, progress=True)
+    click.echo(f"wrote {out}: {outcome.total} configurations, {outcome.ran} run now, {outcome.skipped} already done, "
+               f"{len(outcome.failed)} failed")
+    for cid, error in outcome.failed[:5]:
+        click.echo(f"  {cid}: {error}")
+    if len(outcome.failed) > 5:
+        click.echo(f"  ... and {len(outcome.failed) - 5} more; see the 'error' column")
