@@ -101,6 +101,8 @@ def main() -> None:
 @click.option("--policy", default="continuous", show_default=True, help="static, continuous or chunked.")
 @click.option("--model", default="llama-3.1-8b", show_default=True, help="Built-in name or a local config.json.")
 @click.option("--gpu", default="h100_sxm", show_default=True, help="Shipped profile name or a profile path.")
+@click.option("--cost", type=click.Choice(["measured", "roofline"]), default="roofline", show_default=True,
+              help="Step times from the profile's measured kernels, or from the roofline alone.")
 @click.option("--rate", type=float, default=None, help="Open loop: requests/s (Poisson; inf = all at once).")
 @click.option("--burstiness", type=float, default=1.0, show_default=True,
               help="Gamma shape of inter-arrival gaps (1 = Poisson), as vllm bench serve.")
@@ -156,13 +158,16 @@ def run_command(percentiles: str, goodput: tuple[str, ...], out: Path | None, **
 @click.option("--batch", "batches", default="1,2,4,8,16,32,64,128", show_default=True)
 @click.option("--model", default="llama-3.1-8b", show_default=True)
 @click.option("--gpu", default="h100_sxm", show_default=True)
+@click.option("--cost", type=click.Choice(["measured", "roofline"]), default="roofline", show_default=True)
 @click.option("--gpu-memory-utilization", type=float, default=0.9, show_default=True)
 @click.option("--out", type=click.Path(path_type=Path), default=None, help="Write the table as Parquet.")
-def batch_table_command(context: int, batches: str, model: str, gpu: str, gpu_memory_utilization: float,
-                        out: Path | None) -> None:
+@click.option("--plot", default=None, is_flag=False, flag_value="", metavar="[FILE.html]",
+              help="Draw the table [default file: --out's name as .html, or results/batch-table-CONTEXT.html].")
+def batch_table_command(context: int, batches: str, model: str, gpu: str, cost: str, gpu_memory_utilization: float,
+                        out: Path | None, plot: str | None) -> None:
     """The chapter's table: decode step time and tokens/s against batch size."""
     from simulator.batch_table import batch_table
-    from simulator.cost import RooflineCost
+    from simulator.cost import build_cost_model
     from simulator.hardware import load_gpu
     from simulator.model import load_model
     from simulator.outputs import write_parquet
@@ -173,9 +178,9 @@ def batch_table_command(context: int, batches: str, model: str, gpu: str, gpu_me
     sizes = parse_int_list(batches, "--batch")
     spec, hardware = load_model(model), load_gpu(gpu)
     # KV capacity as a default continuous-batching server of this memory share would have it.
-    config = RunConfig(model=model, gpu=gpu, gpu_memory_utilization=gpu_memory_utilization)
+    config = RunConfig(model=model, gpu=gpu, cost=cost, gpu_memory_utilization=gpu_memory_utilization)
     capacity = kv_cache_blocks(config, spec, hardware, context) * config.block_size
-    table = batch_table(spec, RooflineCost(spec, hardware), context, sizes, capacity)
+    table = batch_table(spec, build_cost_model(config, spec, hardware), context, sizes, capacity)
     rows = table.rows
     click.echo(f"{spec.name} on {hardware.name}, {context}-token contexts, decode steps")
     click.echo(f"{'batch':>6}{'step ms':>10}{'weights GB':>12}{'KV GB':>9}{'GB/s':>8}{'tok/s/req':>11}"
@@ -191,9 +196,25 @@ def batch_table_command(context: int, batches: str, model: str, gpu: str, gpu_me
         write_parquet(rows, out, {"model": spec.name, "gpu": hardware.name, "context": context,
                                   "knee_batch": table.knee_batch, "max_batch": table.max_batch})
         click.echo(f"wrote {out}")
+    if plot is not None:
+        from simulator.figures import batch_table_figure, write_page
+
+        page = Path(plot) if plot else out.with_suffix(".html") if out else RESULTS_DIR / f"batch-table-{context}.html"
+        title = f"{spec.name} on {hardware.name}: decode steps at {context}-token contexts"
+        write_page(page, title, "", {"batch-table": batch_table_figure(table, title)})
+        click.echo(f"wrote {page}")
 
 
 # Further verbs live in their own modules and are registered here, one import and one line each.
+from calibration.measure import calibrate_command  # noqa: E402
+from calibration.validate import validate_command  # noqa: E402
+from simulator.report import report_command  # noqa: E402
+from simulator.sweep import sweep_command  # noqa: E402
+
+main.add_command(sweep_command)
+main.add_command(calibrate_command)
+main.add_command(validate_command)
+main.add_command(report_command)
 
 
 def join_goodput_values(argv: list[str]) -> list[str]:
