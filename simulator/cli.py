@@ -74,6 +74,9 @@ def format_summary(summary: dict[str, Any], config: RunConfig) -> str:
     for name, label in (("ttft", "TTFT"), ("tpot", "TPOT"), ("itl", "ITL"), ("e2el", "E2EL"), ("queue", "queue")):
         lines.append(f"{label:<14}" + "".join(f"{ms(summary[f'{s}_{name}']):>11}" for s in stats))
     lines.append("")
+    if summary["cost_extrapolations"]:
+        lines.append(f"The {config.cost} cost model extrapolated beyond its measured range (operator, steps): "
+                     f"{summary['cost_extrapolated']}.")
     if summary["unfinished"]:
         lines.append(f"{summary['unfinished']} requests were still in flight at --time-limit "
                      f"{config.time_limit} s and are reported unfinished.")

@@ -206,4 +206,7 @@ def summarize(result: RunResult, tables: Tables) -> dict[str, Any]:
         summary["good_requests"] = int(good.sum())
         summary["request_goodput"] = rate(int(good.sum()))
     summary.update(load_state(result, tables.steps))
+    summary["cost_extrapolations"] = sum(result.cost_extrapolated.values())
+    summary["cost_extrapolated"] = ", ".join(f"{family}: {n}" for family, n in sorted(result.cost_extrapolated.items()))
+    summary["cost_notes"] = "; ".join(result.cost_notes)
     return summary

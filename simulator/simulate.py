@@ -34,6 +34,10 @@ class RunResult:
     num_requests: int
     """Requests in the workload, arrived or not."""
     end_time: float
+    cost_extrapolated: dict[str, int]
+    """Steps whose cost the model extrapolated beyond its measurements, by operator family."""
+    cost_notes: tuple[str, ...]
+    """What the cost model's tables stood in for, noted at load."""
 
 
 def build_workload(config: RunConfig) -> Workload:
@@ -135,4 +139,8 @@ def simulate(config: RunConfig, workload: Workload | None = None, cost: CostMode
         env.process(arrive())
 
     env.run(until=config.time_limit)
-    return RunResult(config, model, gpu, kv_blocks, requests, server.log, workload.num_requests, env.now)
+    # Only the measured-kernel model keeps these records; a roofline has no measured range to leave.
+    extrapolated = dict(getattr(cost, "extrapolated", {}))
+    notes = tuple(getattr(cost, "notes", ()))
+    return RunResult(config, model, gpu, kv_blocks, requests, server.log, workload.num_requests, env.now,
+                     extrapolated, notes)

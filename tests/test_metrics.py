@@ -9,6 +9,7 @@ from helpers import run
 from simulator.config import RunConfig
 from simulator.metrics import build_tables, describe, summarize
 from simulator.simulate import simulate
+from workloads import Workload
 
 
 def test_metrics_of_the_continuous_scenario() -> None:
@@ -70,3 +71,19 @@ def test_time_limit_reports_unfinished_requests() -> None:
     unfinished = tables.requests.filter(~tables.requests["finished"])
     assert unfinished["finish"].null_count() == unfinished.height
     assert (unfinished["emitted_tokens"] < unfinished["output_tokens"]).all()
+
+
+def test_the_run_records_where_the_measured_cost_extrapolated() -> None:
+    # A 20,000-token prompt in one step: beyond the H100 tables' largest GEMM (8,192 tokens) and
+    # prefill attention (16,384-token prompts), so those families extrapolate in exactly that step.
+    workload = Workload(prompt_tokens=np.array([20000], dtype=np.int64), output_tokens=np.array([3], dtype=np.int64),
+                        arrival=np.zeros(1), concurrency=None)
+    settings = dict(policy="chunked", max_num_batched_tokens=32768)
+    measured = simulate(RunConfig(cost="measured", **settings), workload)  # type: ignore[arg-type]
+    summary = summarize(measured, build_tables(measured))
+    assert measured.cost_extrapolated["gemm qkv above measured 8192"] == 1
+    assert any(key.startswith("prefill attention") for key in measured.cost_extrapolated)
+    assert summary["cost_extrapolations"] == sum(measured.cost_extrapolated.values())
+    assert "lm_head" in summary["cost_notes"]  # the LM head's n=128256 is beyond the measured n
+    roofline = simulate(RunConfig(cost="roofline", **settings), workload)  # type: ignore[arg-type]
+    assert summarize(roofline, build_tables(roofline))["cost_extrapolations"] == 0
