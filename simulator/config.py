@@ -13,6 +13,7 @@ from typing import Any
 from simulator.errors import InputError
 
 GOODPUT_METRICS = ("ttft", "tpot", "e2el")
+ENGINES = ("fast", "reference")
 
 
 @dataclass(frozen=True)
@@ -25,6 +26,9 @@ class RunConfig:
     cost: str = "roofline"
     """Step-time model: the `roofline` over the profile's fitted rates, or its `measured` kernel tables
     (not the default: on the H100 it runs 11% under the chapter's batch-128 decode step)."""
+    engine: str = "fast"
+    """`fast` (O(1) work per step, k quiet decode steps at a time) or `reference` (one SimPy event per
+    step); both give identical tables. A policy the fast engine does not know runs on the reference."""
     # Scheduler: vLLM serve's defaults on an H100-class GPU (1024 sequences, 8192 batched tokens).
     # vLLM without chunked prefill raises the budget to the model's context length (131072 for
     # Llama-3.1-8B) and reserves activation memory for a step that large, about 15 GB here; the
@@ -63,6 +67,8 @@ class RunConfig:
     def __post_init__(self) -> None:
         if self.cost not in ("measured", "roofline"):
             raise InputError(f"unknown --cost {self.cost!r} (choose from measured, roofline)")
+        if self.engine not in ENGINES:
+            raise InputError(f"unknown --engine {self.engine!r} (choose from {', '.join(ENGINES)})")
         positive_ints = ("max_num_seqs", "max_num_batched_tokens", "max_batch_size", "block_size", "input_len",
                          "output_len")
         for name in positive_ints:

@@ -56,9 +56,10 @@ class StepShape:
         return self.decode_seqs + self.prefill_tokens
 
     @classmethod
-    def from_rows(cls, rows: Iterable[tuple[int, int]]) -> StepShape:
-        """Build a shape from (new tokens, context after the step) per row."""
-        decode_seqs = decode_context = prefill_seqs = prefill_tokens = prefill_context = 0
+    def from_rows(cls, rows: Iterable[tuple[int, int]], decode_seqs: int = 0, decode_context: int = 0) -> StepShape:
+        """Build a shape from (new tokens, context after the step) per row, on top of `decode_seqs`
+        single-token rows whose contexts sum to `decode_context`."""
+        prefill_seqs = prefill_tokens = prefill_context = 0
         prefill_pairs = 0.0
         for new, context in rows:
             if new == 1:
@@ -98,25 +99,38 @@ class RooflineCost:
         flops = 4.0 * model.num_heads * model.head_dim * pairs
         return self.gpu.attn_kernel_latency + max(nbytes / self.gpu.attn_bw, flops / self.gpu.attn_flops)
 
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_fixed_cache", {})
+
+    def _fixed(self, tokens: int, num_seqs: int) -> tuple[float, float]:
+        """The parts of a step that depend only on its token and sequence counts: per layer (GEMMs and
+        elementwise kernels) and per step (LM head, sampling, overhead). Cached: a run repeats them."""
+        key = (tokens, num_seqs)
+        cache: dict[tuple[int, int], tuple[float, float]] = self._fixed_cache  # type: ignore[attr-defined]
+        if key not in cache:
+            model, gpu = self.model, self.gpu
+            layer = sum(self.gemm_time(tokens, n, k) for _, n, k in model.linear_shapes)
+            elementwise_bytes = tokens * model.dtype_bytes * (
+                8 * model.hidden_size + 3 * model.intermediate_size
+                + 2 * (model.num_heads + model.num_kv_heads) * model.head_dim
+                + 2 * model.num_kv_heads * model.head_dim)
+            layer += ELEMENTWISE_KERNELS_PER_LAYER * gpu.kernel_latency + elementwise_bytes / gpu.mem_bw
+            # The LM head runs on one token per sequence; sampling reads its fp32 logits.
+            head = self.gemm_time(num_seqs, model.vocab_size, model.hidden_size)
+            sampling = gpu.kernel_latency + num_seqs * model.vocab_size * 4 / gpu.mem_bw
+            cache[key] = (layer, head + sampling + gpu.step_overhead)
+        return cache[key]
+
     def step_time(self, shape: StepShape) -> float:
-        model, gpu = self.model, self.gpu
         tokens = shape.num_tokens
         if tokens == 0:
             return 0.0
-        layer = sum(self.gemm_time(tokens, n, k) for _, n, k in model.linear_shapes)
+        layer, per_step = self._fixed(tokens, shape.num_seqs)
         if shape.decode_seqs:
             layer += self.attention_time(shape.decode_context, shape.decode_context)
         if shape.prefill_seqs:
             layer += self.attention_time(shape.prefill_context, shape.prefill_pairs)
-        elementwise_bytes = tokens * model.dtype_bytes * (
-            8 * model.hidden_size + 3 * model.intermediate_size
-            + 2 * (model.num_heads + model.num_kv_heads) * model.head_dim
-            + 2 * model.num_kv_heads * model.head_dim)
-        layer += ELEMENTWISE_KERNELS_PER_LAYER * gpu.kernel_latency + elementwise_bytes / gpu.mem_bw
-        # The LM head runs on one token per sequence; sampling reads its fp32 logits.
-        head = self.gemm_time(shape.num_seqs, model.vocab_size, model.hidden_size)
-        sampling = gpu.kernel_latency + shape.num_seqs * model.vocab_size * 4 / gpu.mem_bw
-        return model.num_layers * layer + head + sampling + gpu.step_overhead
+        return self.model.num_layers * layer + per_step
 
 
 def elementwise_ops(model: ModelSpec) -> tuple[tuple[str, bool, int, int], ...]:

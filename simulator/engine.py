@@ -32,9 +32,12 @@ class PolicyStalledError(InputError):
 
 @dataclass
 class StepLog:
-    """One entry per forward pass, plus the (request id, step index) of every token emitted.
+    """One entry per forward pass, plus where every output token was emitted.
 
-    Kept as flat arrays so a long run costs bytes per token, not Python objects per token.
+    Tokens are kept as flat arrays, never per-token objects, in two forms: single tokens as
+    (request, step), and runs of consecutive "lazy decode" steps as (request, first, count) over
+    `lazy_step`, which lists the step index of each such step (the fast engine's decoders emit one
+    token in every one of them without being touched). The reference engine logs singles only.
     """
 
     start: array = field(default_factory=lambda: array("d"))
@@ -49,6 +52,10 @@ class StepLog:
     num_preempted: array = field(default_factory=lambda: array("q"))
     token_request: array = field(default_factory=lambda: array("q"))
     token_step: array = field(default_factory=lambda: array("q"))
+    run_request: array = field(default_factory=lambda: array("q"))
+    run_first: array = field(default_factory=lambda: array("q"))
+    run_count: array = field(default_factory=lambda: array("q"))
+    lazy_step: array = field(default_factory=lambda: array("q"))
 
     def __len__(self) -> int:
         return len(self.start)

@@ -17,6 +17,7 @@ import numpy as np
 import polars as pl
 
 from simulator.simulate import RunResult
+from simulator.tokens import describe_histogram, itl_histogram, tokens_table
 
 LATENCIES = ("ttft", "tpot", "itl", "e2el", "queue")
 # Overloaded: requests in the system grow by more than this fraction of the arrival rate.
@@ -34,11 +35,12 @@ def _array(values: Any, dtype: type) -> np.ndarray:
     return np.frombuffer(values, dtype=dtype) if len(values) else np.zeros(0, dtype=dtype)
 
 
-def build_tables(result: RunResult) -> Tables:
+def build_tables(result: RunResult, tokens: bool = True) -> Tables:
+    """The run's requests, tokens and steps tables; `tokens=False` leaves the (large) tokens table
+    empty for callers that only want the summary."""
     log = result.log
     start = _array(log.start, np.float64)
     duration = _array(log.duration, np.float64)
-    end = start + duration
     steps = pl.DataFrame({
         "step": np.arange(len(start), dtype=np.int64),
         "start": start,
@@ -52,47 +54,33 @@ def build_tables(result: RunResult) -> Tables:
         "num_running": _array(log.num_running, np.int64),
         "num_preempted": _array(log.num_preempted, np.int64),
     })
-
-    token_request = _array(log.token_request, np.int64)
-    order = np.argsort(token_request, kind="stable")  # tokens are logged in time order
-    request_ids = token_request[order]
-    times = end[_array(log.token_step, np.int64)[order]]
-    first_of_request = np.r_[True, request_ids[1:] != request_ids[:-1]] if len(request_ids) else np.zeros(0, bool)
-    group_start = np.maximum.accumulate(np.where(first_of_request, np.arange(len(request_ids)), 0))
-    tokens = pl.DataFrame({
-        "request_id": request_ids,
-        "index": (np.arange(len(request_ids)) - group_start).astype(np.int64),
-        "time": times,
-    })
+    token_rows = tokens_table(log) if tokens else pl.DataFrame(
+        schema={"request_id": pl.Int64, "index": pl.Int64, "time": pl.Float64})
 
     reqs = result.requests
-    arrival = np.array([r.arrival for r in reqs], dtype=np.float64)
-    first_token = np.array([r.first_token for r in reqs], dtype=np.float64)
-    finish = np.array([r.finish for r in reqs], dtype=np.float64)
-    output = np.array([r.output_tokens for r in reqs], dtype=np.int64)
-    scheduled = np.array([r.scheduled for r in reqs], dtype=np.float64)
+    arrival, first_token, finish, output = reqs.arrival, reqs.first_token, reqs.finish, reqs.output_tokens
     e2el = finish - arrival
     ttft = first_token - arrival
     with np.errstate(invalid="ignore", divide="ignore"):
         tpot = np.where(output > 1, (e2el - ttft) / (output - 1), np.nan)
     requests = pl.DataFrame({
-        "request_id": np.array([r.id for r in reqs], dtype=np.int64),
+        "request_id": np.arange(len(reqs), dtype=np.int64),
         "arrival": arrival,
-        "prompt_tokens": np.array([r.prompt_tokens for r in reqs], dtype=np.int64),
+        "prompt_tokens": reqs.prompt_tokens,
         "output_tokens": output,
-        "emitted_tokens": np.array([r.emitted for r in reqs], dtype=np.int64),
-        "scheduled": scheduled,
+        "emitted_tokens": reqs.emitted,
+        "scheduled": reqs.scheduled,
         "first_token": first_token,
         "finish": finish,
         "ttft": ttft,
         "tpot": tpot,
         "e2el": e2el,
-        "queue": scheduled - arrival,
-        "preemptions": np.array([r.preemptions for r in reqs], dtype=np.int64),
+        "queue": reqs.scheduled - arrival,
+        "preemptions": reqs.preemptions,
         "finished": ~np.isnan(finish),
     }).with_columns(pl.col(c).fill_nan(None) for c in ("scheduled", "first_token", "finish", "ttft",
                                                         "tpot", "e2el", "queue"))
-    return Tables(requests, tokens, steps)
+    return Tables(requests, token_rows, steps)
 
 
 def describe(values: np.ndarray, percentiles: tuple[float, ...]) -> dict[str, float | None]:
@@ -107,6 +95,7 @@ def describe(values: np.ndarray, percentiles: tuple[float, ...]) -> dict[str, fl
 
 
 def inter_token_latencies(tokens: pl.DataFrame) -> np.ndarray:
+    """Gaps between consecutive tokens of each request, from a tokens table sorted by request and index."""
     request_ids = tokens["request_id"].to_numpy()
     times = tokens["time"].to_numpy()
     same = request_ids[1:] == request_ids[:-1]
@@ -127,23 +116,23 @@ def load_state(result: RunResult, steps: pl.DataFrame) -> dict[str, Any]:
     requests = result.requests
     state: dict[str, Any] = {"load": "open loop", "kept_up": None, "utilisation": 0.0, "queue_growth": None,
                              "offered_rate": None}
-    if not requests or steps.is_empty():
+    if not len(requests) or steps.is_empty():
         return state | {"load": "empty"}
-    first = requests[0].arrival
-    finishes = np.array([r.finish for r in requests])
+    first = float(requests.arrival[0])
+    finishes = requests.finish
     last = float(np.nanmax(finishes)) if not np.isnan(finishes).all() else result.end_time
     state["utilisation"] = float(steps["duration"].sum()) / (last - first) if last > first else 1.0
     if result.config.concurrency is not None and result.config.trace is None:
         return state | {"load": "closed loop", "kept_up": True}
-    last_arrival = requests[-1].arrival
+    last_arrival = float(requests.arrival[-1])
     if last_arrival == first:
         return state | {"load": "all at once"}
     state["offered_rate"] = (len(requests) - 1) / (last_arrival - first)
     half = (first + last_arrival) / 2
     window = steps.filter(pl.col("start").is_between(half, last_arrival))
     # The settling time scale: latency of the earliest tenth of requests, before any queue built up.
-    early = requests[: max(1, len(requests) // 10)]
-    e2el = np.array([r.finish - r.arrival for r in early])
+    early = slice(0, max(1, len(requests) // 10))
+    e2el = requests.finish[early] - requests.arrival[early]
     typical_latency = float(np.nanmedian(e2el)) if not np.isnan(e2el).all() else math.inf
     if len(window) < 3 or last_arrival - half < 2 * typical_latency:
         return state
@@ -189,13 +178,14 @@ def summarize(result: RunResult, tables: Tables) -> dict[str, Any]:
     samples = {
         "ttft": done["ttft"].to_numpy(),
         "tpot": done["tpot"].drop_nulls().to_numpy(),
-        "itl": inter_token_latencies(tables.tokens.filter(pl.col("request_id").is_in(done["request_id"].implode()))
-                                     if summary["unfinished"] else tables.tokens),
         "e2el": done["e2el"].to_numpy(),
         "queue": done["queue"].to_numpy(),
     }
+    keep = tables.requests["finished"].to_numpy() if summary["unfinished"] else None
+    itl = describe_histogram(*itl_histogram(result.log, keep), config.percentiles)
     for name in LATENCIES:
-        for stat, value in describe(samples[name], config.percentiles).items():
+        stats = itl if name == "itl" else describe(samples[name], config.percentiles)
+        for stat, value in stats.items():
             summary[f"{stat}_{name}"] = value
 
     if config.goodput:

@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import NamedTuple
+
+import numpy as np
 
 
 @dataclass(eq=False, slots=True)
@@ -38,3 +42,51 @@ class Request:
     @property
     def is_decoding(self) -> bool:
         return self.emitted > 0 and self.num_pending == 1
+
+
+class RequestRecord(NamedTuple):
+    """One request's row of `RequestColumns` (NaN for times that did not happen)."""
+
+    id: int
+    arrival: float
+    prompt_tokens: int
+    output_tokens: int
+    emitted: int
+    scheduled: float
+    first_token: float
+    finish: float
+    preemptions: int
+
+
+@dataclass
+class RequestColumns:
+    """Every request that arrived, in id (arrival) order, one array per field (seconds, tokens);
+    NaN times for what did not happen."""
+
+    arrival: np.ndarray
+    prompt_tokens: np.ndarray
+    output_tokens: np.ndarray
+    emitted: np.ndarray
+    scheduled: np.ndarray
+    first_token: np.ndarray
+    finish: np.ndarray
+    preemptions: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.arrival)
+
+    def __getitem__(self, i: int) -> RequestRecord:
+        return RequestRecord(i, float(self.arrival[i]), int(self.prompt_tokens[i]), int(self.output_tokens[i]),
+                             int(self.emitted[i]), float(self.scheduled[i]), float(self.first_token[i]),
+                             float(self.finish[i]), int(self.preemptions[i]))
+
+    def __iter__(self) -> Iterator[RequestRecord]:
+        return (self[i] for i in range(len(self)))
+
+    @classmethod
+    def from_requests(cls, requests: list[Request]) -> RequestColumns:
+        def column(name: str, dtype: type) -> np.ndarray:
+            return np.array([getattr(r, name) for r in requests], dtype=dtype)
+        return cls(column("arrival", np.float64), column("prompt_tokens", np.int64), column("output_tokens", np.int64),
+                   column("emitted", np.int64), column("scheduled", np.float64), column("first_token", np.float64),
+                   column("finish", np.float64), column("preemptions", np.int64))

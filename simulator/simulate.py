@@ -7,19 +7,36 @@ from dataclasses import dataclass
 
 import numpy as np
 import simpy
+from simpy.events import URGENT, Timeout
 
 from policies import build_policy
 from simulator.config import RunConfig
 from simulator.cost import CostModel, build_cost_model
 from simulator.engine import Server, StepLog
 from simulator.errors import InputError
+from simulator.fast import run_fast, supports
 from simulator.hardware import GpuSpec, load_gpu
 from simulator.kv import BlockManager, activation_reserve_bytes, kv_capacity_blocks
 from simulator.model import ModelSpec, load_model
-from simulator.request import Request
+from simulator.request import Request, RequestColumns
+from simulator.step import Policy
 from workloads import Workload, read_trace, synthetic_workload
 
 DEFAULT_NUM_REQUESTS = 1000  # as `vllm bench serve --num-prompts`
+
+
+class ArrivalTimeout(Timeout):
+    """A timeout processed before any ordinary event at the same instant: a request arriving exactly
+    when a step ends is seen by the scheduler at that step boundary (both engines' rule)."""
+
+    def __init__(self, env: simpy.Environment, delay: float) -> None:
+        # Timeout.__init__ with URGENT for NORMAL (simpy inlines the same fields there).
+        self.env = env
+        self.callbacks = []
+        self._value = None
+        self._delay = delay
+        self._ok = True
+        env.schedule(self, URGENT, delay)
 
 
 @dataclass
@@ -28,7 +45,7 @@ class RunResult:
     model: ModelSpec
     gpu: GpuSpec
     kv_blocks: int
-    requests: list[Request]
+    requests: RequestColumns
     """Every request that arrived, in id (arrival) order."""
     log: StepLog
     num_requests: int
@@ -95,7 +112,8 @@ def check_fits(workload: Workload, config: RunConfig, model: ModelSpec, kv_block
 
 
 def simulate(config: RunConfig, workload: Workload | None = None, cost: CostModel | None = None) -> RunResult:
-    """Run `config` on its own workload (or the one given) with the roofline cost (or the one given)."""
+    """Run `config` on its own workload (or the one given) with its cost model (or the one given),
+    on the engine `config.engine` names: `fast` (the default) or the one-event-per-step `reference`."""
     model = load_model(config.model)
     gpu = load_gpu(config.gpu)
     policy = build_policy(config)
@@ -104,7 +122,21 @@ def simulate(config: RunConfig, workload: Workload | None = None, cost: CostMode
     kv_blocks = kv_cache_blocks(config, model, gpu, int(workload.prompt_tokens.max()))
     check_fits(workload, config, model, kv_blocks)
     cost = cost or build_cost_model(config, model, gpu)
+    if config.engine == "fast" and supports(policy):
+        outcome = run_fast(policy, cost, kv_blocks, config.block_size, workload, config.time_limit)
+    else:
+        outcome = run_reference(policy, cost, kv_blocks, config.block_size, workload, config.time_limit)
+    requests, log, end_time = outcome
+    # Only the measured-kernel model keeps these records; a roofline has no measured range to leave.
+    extrapolated = dict(getattr(cost, "extrapolated", {}))
+    notes = tuple(getattr(cost, "notes", ()))
+    return RunResult(config, model, gpu, kv_blocks, requests, log, workload.num_requests, end_time,
+                     extrapolated, notes)
 
+
+def run_reference(policy: Policy, cost: CostModel, kv_blocks: int, block_size: int, workload: Workload,
+                  time_limit: float | None) -> tuple[RequestColumns, StepLog, float]:
+    """The straightforward engine: a SimPy process per server, one event per step."""
     env = simpy.Environment()
     requests: list[Request] = []
     prompts = workload.prompt_tokens.tolist()
@@ -121,26 +153,21 @@ def simulate(config: RunConfig, workload: Workload | None = None, cost: CostMode
             if len(requests) < workload.num_requests:
                 server.submit(make_request(env.now))
 
-        server = Server(env, policy, cost, BlockManager(kv_blocks, config.block_size),
-                        on_finish=next_client)
+        server = Server(env, policy, cost, BlockManager(kv_blocks, block_size), on_finish=next_client)
         assert workload.concurrency is not None
         for _ in range(min(workload.concurrency, workload.num_requests)):
             server.submit(make_request(0.0))
     else:
-        server = Server(env, policy, cost, BlockManager(kv_blocks, config.block_size))
+        server = Server(env, policy, cost, BlockManager(kv_blocks, block_size))
         arrivals = workload.arrival.tolist()
 
         def arrive():  # type: ignore[no-untyped-def]
             for t in arrivals:
                 if t > env.now:
-                    yield env.timeout(t - env.now)
+                    yield ArrivalTimeout(env, t - env.now)
                 server.submit(make_request(t))
 
         env.process(arrive())
 
-    env.run(until=config.time_limit)
-    # Only the measured-kernel model keeps these records; a roofline has no measured range to leave.
-    extrapolated = dict(getattr(cost, "extrapolated", {}))
-    notes = tuple(getattr(cost, "notes", ()))
-    return RunResult(config, model, gpu, kv_blocks, requests, server.log, workload.num_requests, env.now,
-                     extrapolated, notes)
+    env.run(until=time_limit)
+    return RequestColumns.from_requests(requests), server.log, env.now

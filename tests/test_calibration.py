@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from calibration.measure import calibrate
@@ -57,7 +58,7 @@ def test_the_simulator_runs_on_a_calibrated_profile(profile: tuple[Path, float])
     assert isinstance(cost, MeasuredCost)
     decode = cost.step_time(StepShape.from_rows([(1, 220)]))
     result = simulate(config)
-    assert len(result.requests) == 30 and all(r.finish is not None for r in result.requests)
+    assert len(result.requests) == 30 and not np.isnan(result.requests.finish).any()
     assert result.end_time > 20 * decode  # each request's 20 tokens took a step each, none cheaper than this
 
 

@@ -146,8 +146,7 @@ def check_invariants(case: Case, result: RunResult, tables: Tables, summary: dic
     np.testing.assert_array_equal(requests["prompt_tokens"].to_numpy(), workload.prompt_tokens)
     np.testing.assert_array_equal(requests["output_tokens"].to_numpy(), workload.output_tokens)
     np.testing.assert_array_equal(requests["emitted_tokens"].to_numpy(), workload.output_tokens)
-    assert all(r.emitted == r.output_tokens and r.computed <= r.prompt_tokens + r.output_tokens
-               for r in result.requests)
+    assert all(r.emitted == r.output_tokens for r in result.requests)
 
     # Arrivals: as given (open loop), or each new client request at an earlier one's finish.
     arrival = requests["arrival"].to_numpy()

@@ -1,0 +1,169 @@
+"""The fast engine against the reference engine: identical tables, to the last bit.
+
+Every comparison is `DataFrame.equals` on the requests, tokens and steps tables (float columns
+compared exactly, NaN/null in the same places), plus the summary and the end of the clock. Nothing
+in the fast engine may sum floats in another order than the reference does, so nothing here has a
+tolerance. The random cases are test_properties' (every policy, open and closed loop, squeezed KV
+so preemption happens, tight budgets and sequence limits, ties between arrivals and step ends),
+with a time limit half of the time and sometimes a unit (1 s) step cost, which puts every step end
+on the integers and makes ties with integer arrival times the rule rather than the exception.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from helpers import UnitCost
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from test_properties import SETTINGS, cases
+
+from simulator.config import RunConfig
+from simulator.errors import InputError
+from simulator.metrics import build_tables, describe, summarize
+from simulator.simulate import simulate
+from simulator.tokens import describe_histogram
+from workloads import Workload
+
+# Raise for a deeper search: SERVESIM_ENGINE_EXAMPLES=2000 python -m pytest tests/test_engines.py
+ENGINE_EXAMPLES = int(os.environ.get("SERVESIM_ENGINE_EXAMPLES", "150"))
+AZURE = Path(__file__).resolve().parents[2] / "shared" / "reference" / "traces" / "azure_conv_2023.csv"
+
+
+def both(config: RunConfig, workload: Workload | None = None, cost: type | None = None) -> list[Any]:
+    """(tables, summary, end time) from each engine, or the error each raised."""
+    outcomes: list[Any] = []
+    for engine in ("reference", "fast"):
+        try:
+            result = simulate(replace(config, engine=engine), workload,
+                              cost() if cost is not None else None)  # type: ignore[arg-type]
+        except InputError as error:
+            outcomes.append((type(error), str(error)))
+            continue
+        tables = build_tables(result)
+        outcomes.append((tables, summarize(result, tables), result.end_time, len(result.log.token_request)))
+    return outcomes
+
+
+def assert_identical(config: RunConfig, workload: Workload | None = None, cost: type | None = None) -> dict[str, Any]:
+    reference, fast = both(config, workload, cost)
+    if isinstance(reference[0], type):
+        assert fast == reference  # the same error, word for word
+        return {}
+    for name in ("requests", "tokens", "steps"):
+        ours, theirs = getattr(fast[0], name), getattr(reference[0], name)
+        assert ours.equals(theirs), f"{name} differ:\n{ours}\n{theirs}"
+    for key, value in reference[1].items():
+        mine = fast[1][key]
+        assert mine == value or (isinstance(value, float) and math.isnan(value) and math.isnan(mine)), key
+    assert fast[2] == reference[2]
+    # The fast engine logs one single token per prefill completion, the rest as runs.
+    assert fast[3] <= reference[3]
+    return reference[1]
+
+
+@pytest.mark.parametrize("policy", ["static", "continuous", "chunked"])
+@settings(SETTINGS, max_examples=ENGINE_EXAMPLES)
+@given(data=st.data(), limit=st.none() | st.floats(0.05, 0.95), unit_cost=st.booleans(), integer_times=st.booleans())
+def test_random_workloads(policy: str, data: st.DataObject, limit: float | None, unit_cost: bool,
+                          integer_times: bool) -> None:
+    case = data.draw(cases(policy))
+    workload = case.workload
+    if unit_cost and integer_times and workload.arrival is not None:
+        workload = replace(workload, arrival=np.floor(workload.arrival * 1000 / max(1.0, workload.arrival[-1])))
+    config = case.config
+    cost = UnitCost if unit_cost else None
+    if limit is not None:
+        full = simulate(config, workload, cost() if cost else None)  # type: ignore[arg-type]
+        config = replace(config, time_limit=limit * full.end_time if full.end_time > 0 else 1.0)
+    assert_identical(config, workload, cost)
+
+
+# The benchmark's workloads (benchmarks/engine_speed.py), 2,000 requests each.
+BENCHMARK = {
+    "a-chunked-c64": dict(policy="chunked", concurrency=64),
+    "b-static-r12": dict(policy="static", rate=12.0),
+    "b-continuous-r12": dict(policy="continuous", rate=12.0),
+    "b-chunked-r12": dict(policy="chunked", rate=12.0),
+}
+
+
+@pytest.mark.parametrize("case", list(BENCHMARK))
+def test_benchmark_workloads(case: str) -> None:
+    summary = assert_identical(RunConfig(num_requests=2000, **BENCHMARK[case]))  # type: ignore[arg-type]
+    assert summary["completed"] == 2000
+    if case == "b-continuous-r12":
+        assert summary["preemptions"] > 0  # overloaded: the exact (order-walking) path is exercised
+
+
+def test_azure_trace() -> None:
+    summary = assert_identical(RunConfig(policy="chunked", trace=str(AZURE), num_requests=3000))
+    assert summary["completed"] == 3000
+
+
+def test_measured_cost_model() -> None:
+    """The measured-kernel model records where it extrapolated; both engines ask it the same steps."""
+    summary = assert_identical(RunConfig(policy="chunked", cost="measured", rate=14.0, num_requests=600,
+                                         input_len_dist="uniform", output_len_dist="uniform"))
+    assert summary["cost_extrapolations"] > 0
+
+
+def test_fast_engine_keeps_runs_not_tokens() -> None:
+    """Memory grows with requests, not tokens: one single token (the first) per request, one run for
+    the rest, in workload (a)."""
+    result = simulate(RunConfig(policy="chunked", concurrency=64, num_requests=2000))
+    log = result.log
+    assert len(log.token_request) == 2000
+    assert len(log.run_request) == 2000
+    assert sum(log.run_count) + len(log.token_request) == 2000 * 300
+
+
+def test_an_unknown_policy_runs_on_the_reference_engine(monkeypatch: pytest.MonkeyPatch) -> None:
+    import policies
+    from policies.continuous import ContinuousBatching
+
+    class Subclassed(ContinuousBatching):
+        pass
+
+    monkeypatch.setitem(policies.POLICIES, "mine", lambda c: Subclassed(c.max_num_seqs, c.max_num_batched_tokens))
+    config = RunConfig(policy="mine", rate=12.0, num_requests=200)
+    ours = build_tables(simulate(config))
+    theirs = build_tables(simulate(replace(config, policy="continuous", engine="reference")))
+    assert ours.steps.equals(theirs.steps)
+
+
+@settings(max_examples=300, deadline=None)
+@given(values=st.lists(st.floats(0.0, 1.0, allow_nan=False), min_size=1, max_size=30),
+       counts=st.lists(st.integers(1, 50), min_size=30, max_size=30),
+       qs=st.lists(st.floats(0.0, 100.0), min_size=1, max_size=4))
+def test_histogram_statistics_match_the_expanded_sample(values: list[float], counts: list[int],
+                                                        qs: list[float]) -> None:
+    distinct = np.unique(np.array(values))
+    weights = np.array(counts[: len(distinct)], dtype=np.int64)
+    expanded = np.repeat(distinct, weights)
+    mine = describe_histogram(distinct, weights, tuple(qs))
+    numpy = describe(expanded, tuple(qs))
+    for key, value in numpy.items():
+        assert mine[key] == pytest.approx(value, rel=1e-12, abs=1e-15), key
+
+
+def test_cost_type_is_respected() -> None:
+    """A cost model the test owns is the one both engines call, step by step."""
+    counted: list[int] = []
+
+    class Counting(UnitCost):
+        def step_time(self, shape: Any) -> float:  # type: ignore[override]
+            counted.append(shape.num_tokens)
+            return 0.5
+
+    config = RunConfig(policy="chunked", rate=20.0, num_requests=50, input_len=100, output_len=20)
+    reference, fast = both(config, None, Counting)
+    assert reference[0].steps["duration"].unique().to_list() == [0.5]
+    assert fast[0].steps.equals(reference[0].steps)
+    assert len(counted) == 2 * reference[0].steps.height
