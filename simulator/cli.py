@@ -106,6 +106,8 @@ def main() -> None:
 @click.option("--gpu", default="h100_sxm", show_default=True, help="Shipped profile name or a profile path.")
 @click.option("--cost", type=click.Choice(["measured", "roofline"]), default="roofline", show_default=True,
               help="Step times from the profile's measured kernels, or from the roofline alone.")
+@click.option("--engine", type=click.Choice(["fast", "reference"]), default="fast", show_default=True,
+              help="fast, or the one-event-per-step reference engine (identical results, ~30-100x slower).")
 @click.option("--rate", type=float, default=None, help="Open loop: requests/s (Poisson; inf = all at once).")
 @click.option("--burstiness", type=float, default=1.0, show_default=True,
               help="Gamma shape of inter-arrival gaps (1 = Poisson), as vllm bench serve.")
@@ -135,7 +137,9 @@ def main() -> None:
 @click.option("--goodput", multiple=True, help="SLOs in ms, e.g. 'ttft:500 tpot:50'.")
 @click.option("--out", type=click.Path(path_type=Path), default=None,
               help="Run folder [default: a new folder under results/].")
-def run_command(percentiles: str, goodput: tuple[str, ...], out: Path | None, **settings: Any) -> None:
+@click.option("--tokens/--no-tokens", default=True, show_default=True,
+              help="Write tokens.parquet, one row per output token (large: 300M rows for 1M requests).")
+def run_command(percentiles: str, goodput: tuple[str, ...], out: Path | None, tokens: bool, **settings: Any) -> None:
     """Simulate one configuration and print its summary."""
     from simulator.metrics import build_tables, summarize
     from simulator.outputs import check_out_dir, default_run_dir, write_run
@@ -145,15 +149,15 @@ def run_command(percentiles: str, goodput: tuple[str, ...], out: Path | None, **
     if out is not None:
         check_out_dir(out)
     result = simulate(config)
-    tables = build_tables(result)
+    tables = build_tables(result, tokens=tokens)
     summary = summarize(result, tables)
     label = f"{config.policy}-rate{config.rate:g}" if config.rate is not None else config.policy
     out = out or default_run_dir(RESULTS_DIR, label)
     settings_dict = config.to_dict() | {"kv_blocks": result.kv_blocks}
-    write_run(out, {"requests": tables.requests, "tokens": tables.tokens, "steps": tables.steps},
-              summary, settings_dict)
+    written = {"requests": tables.requests, "steps": tables.steps} | ({"tokens": tables.tokens} if tokens else {})
+    write_run(out, written, summary, settings_dict)
     click.echo(format_summary(summary, config))
-    click.echo(f"wrote {out}/ (requests, tokens, steps .parquet; summary.json)")
+    click.echo(f"wrote {out}/ ({', '.join(sorted(written))} .parquet; summary.json)")
 
 
 @main.command("batch-table")

@@ -121,6 +121,16 @@ class RooflineCost:
             cache[key] = (layer, head + sampling + gpu.step_overhead)
         return cache[key]
 
+    def decode_step_times(self, num_seqs: int, contexts: np.ndarray) -> np.ndarray:
+        """`step_time` of steps that decode `num_seqs` sequences whose contexts sum to each of
+        `contexts`, for many steps at once: the same float operations elementwise, so the same bits."""
+        model, gpu = self.model, self.gpu
+        layer, per_step = self._fixed(num_seqs, num_seqs)
+        nbytes = contexts * model.kv_bytes_per_token_per_layer
+        flops = 4.0 * model.num_heads * model.head_dim * contexts
+        attention = gpu.attn_kernel_latency + np.maximum(nbytes / gpu.attn_bw, flops / gpu.attn_flops)
+        return model.num_layers * (layer + attention) + per_step  # type: ignore[no-any-return]
+
     def step_time(self, shape: StepShape) -> float:
         tokens = shape.num_tokens
         if tokens == 0:

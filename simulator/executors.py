@@ -52,7 +52,7 @@ def run_config(config_id: str, settings: dict[str, Any], tables_dir: str | None)
     row.update((setting_column(name), value) for name, value in settings.items())
     try:
         result = simulate(config_from_settings(settings))
-        tables = build_tables(result)
+        tables = build_tables(result, tokens=tables_dir is not None)
         summary = summarize(result, tables)
         if tables_dir is not None:
             for name in TABLES:

@@ -15,12 +15,21 @@ two:
 - explicit requests `E`: prompts being prefilled (in chunks), handled one by one as the reference
   does. With chunked prefill and no `long_prefill_token_threshold` there is at most one, the newest.
 
-A step where the order of the running set matters — a preemption, or a token budget that runs out
-among running prompts — is rare; for it every decoder is made explicit (O(batch)) and the step runs
-exactly as the reference's, then decoders go back to `D`. Tokens are logged as one run per
-stretch of lazy decoding (request, first `G`, count) plus single (request, step) tokens, never per
-token. Arrivals follow the reference's clock: a request is seen at the first step boundary at or
-after the instant its arrival is processed (`arrival_instants`).
+Preemption needs no walk over decoders: walking the running set in admission order while preempting
+from its back always leaves a prefix, so the victims are the shortest suffix whose blocks cover the
+shortfall, taken from an admission-ordered deque. A token budget that runs out among running prompts
+(only possible with `long_prefill_token_threshold`) is the one case where the order of the whole
+running set matters; for it every decoder is made explicit (O(batch)), the step runs exactly as the
+reference's, and decoders go back to `D`.
+
+Stretches of at least `RUN_MIN` quiet steps (every decoder, nothing else: no arrival, no finish, no
+KV shortage before them) advance as arrays when the cost model prices many decode steps at once
+(`RooflineCost.decode_step_times`, the scalar formula elementwise): durations, step ends (a
+sequential cumulative sum, the same additions as step by step), KV blocks and the step log in a
+few numpy calls. A static batch's decode steps are one such stretch. Tokens are logged as one run
+per stretch of lazy decoding (request, first `G`, count) plus single (request, step) tokens, never
+per token. Arrivals follow the reference's clock: a request is seen at the first step boundary at
+or after the instant its arrival is processed (`arrival_instants`).
 
 Results are identical to the reference engine's (tests/test_engines.py checks every table, to the
 bit); a policy this engine does not know runs on the reference engine.
@@ -31,6 +40,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections import deque
+from collections.abc import Callable
 
 import numpy as np
 
@@ -44,6 +54,8 @@ from simulator.step import Policy
 from workloads import Workload
 
 NAN = math.nan
+RUN_MIN, RUN_MAX = 32, 4096
+"""Quiet runs at least this long are advanced as arrays, at most this many steps at a time."""
 
 
 def supports(policy: Policy) -> bool:
@@ -79,6 +91,9 @@ class _Engine:
     def __init__(self, cost: CostModel, num_blocks: int, block_size: int, workload: Workload,
                  time_limit: float | None) -> None:
         self.step_time = cost.step_time
+        # Runs of quiet steps go through numpy when the cost model prices many decode steps at once.
+        self.decode_step_times: Callable[[int, np.ndarray], np.ndarray] | None = getattr(
+            cost, "decode_step_times", None)
         self.num_blocks = self.num_free = num_blocks
         self.bs = block_size
         n = self.n = workload.num_requests
@@ -110,6 +125,7 @@ class _Engine:
             assert workload.arrival is not None
             self.times = workload.arrival.tolist()
             self.instants = arrival_instants(workload.arrival)
+        self.instants_array = np.asarray(self.instants)
         self.next_arrival = n if self.closed else 0  # open-loop arrivals not yet queued
 
     def _create(self, t: float) -> None:
@@ -163,6 +179,23 @@ class _Engine:
         log.num_waiting.append(len(self.waiting))
         log.num_running.append(num_running)
         log.num_preempted.append(num_preempted)
+
+    def _log_steps(self, start: float, ends: np.ndarray, durations: np.ndarray, num_seqs: np.ndarray | int,
+                   decode: np.ndarray | int, padded: np.ndarray | int, kv_used: np.ndarray | int,
+                   num_waiting: np.ndarray | int, num_running: np.ndarray | int) -> None:
+        """`_log_step` for a run of decode-only steps given as arrays or constants (no prefill, no
+        preemption)."""
+        log = self.log
+        k = len(ends)
+        log.lazy_step.frombytes(np.arange(len(log.start), len(log.start) + k, dtype=np.int64).tobytes())
+        log.start.frombytes(np.concatenate(([start], ends[:-1])).tobytes())
+        log.duration.frombytes(durations.tobytes())
+        zeros = np.zeros(k, dtype=np.int64).tobytes()
+        for column, values in ((log.num_seqs, num_seqs), (log.prefill_tokens, None), (log.decode_tokens, decode),
+                               (log.padded_tokens, padded), (log.kv_blocks_used, kv_used),
+                               (log.num_waiting, num_waiting), (log.num_running, num_running),
+                               (log.num_preempted, None)):
+            column.frombytes(zeros if values is None else np.broadcast_to(values, k).astype(np.int64).tobytes())
 
     def _single_token(self, i: int, step: int, end: float) -> None:
         self.log.token_request.append(i)
@@ -229,6 +262,7 @@ class _IterationEngine(_Engine):
         self.residues = [0] * block_size
         self.finishing: list[tuple[int, int, int, int]] = []  # (G at finish, adm, request, epoch)
         self.g = 0
+        self.no_run_before_g, self.no_run_before_t = 0, 0.0  # a numpy run was refused until these
 
     # -- lazy decoders ---------------------------------------------------------------------------
     def _join(self, i: int) -> None:
@@ -308,6 +342,14 @@ class _IterationEngine(_Engine):
         step_time, log, limit, finishing = self.step_time, self.log, self.limit, self.finishing
         lazy_step = log.lazy_step
         while True:
+            if (self.decode_step_times is not None and not self.waiting and self.g >= self.no_run_before_g
+                    and now >= self.no_run_before_t):
+                end = self._decode_run(now)
+                if end is not None:
+                    now = end
+                    if not self._quiet():  # the run stopped short of a KV shortage
+                        return now
+                    continue
             num_lazy = self.num_lazy
             self.num_free -= self._crossings()
             duration = step_time(StepShape(num_lazy, num_lazy, self.key_sum + num_lazy * self.g))
@@ -324,6 +366,43 @@ class _IterationEngine(_Engine):
             self.last_event = now = end
             if not self.num_lazy or not self._quiet():
                 return now
+
+    def _decode_run(self, now: float) -> float | None:
+        """Up to `RUN_MAX` quiet steps at once: those before the next finish, the next arrival, the
+        time limit and the first step short of KV blocks; None when fewer than `RUN_MIN` are left."""
+        assert self.decode_step_times is not None
+        finishing, g, epoch = self.finishing, self.g, self.epoch
+        while finishing[0][3] != epoch[finishing[0][2]] or finishing[0][2] not in self.lazy:
+            heapq.heappop(finishing)
+        k = min(finishing[0][0] - g - 1, RUN_MAX)
+        if k < RUN_MIN:
+            self.no_run_before_g = finishing[0][0]  # not worth trying again before that finish
+            return None
+        # Steps only lengthen as contexts grow, so the first one bounds how many fit before the next
+        # arrival or the time limit (a bound only: the run's length is settled exactly below).
+        num_lazy = self.num_lazy
+        first = self.step_time(StepShape(num_lazy, num_lazy, self.key_sum + num_lazy * g))
+        horizon = min(self._next_instant(), self.limit) - now
+        if horizon < RUN_MIN * first:
+            self.no_run_before_t = now + horizon  # nor before that arrival
+            return None
+        if horizon < k * first:
+            k = int(horizon / first) + 1
+        offsets = np.arange(k, dtype=np.int64)
+        used = np.cumsum(np.asarray(self.residues, dtype=np.int64)[(1 - g - offsets) % self.bs])
+        k = min(k, int(np.searchsorted(used, self.num_free, side="right")))
+        durations = self.decode_step_times(num_lazy, self.key_sum + num_lazy * (g + offsets[:k]))
+        ends = np.cumsum(np.concatenate(([now], durations)))[1:]  # sequential, as now + duration step by step
+        k = min(k, int(np.searchsorted(ends, min(self._next_instant(), self.limit), side="left")))
+        if k < RUN_MIN:
+            return None
+        ends, used = ends[:k], used[:k]
+        self._log_steps(now, ends, durations[:k], num_lazy, num_lazy, 0, self.num_blocks - self.num_free + used, 0,
+                        num_lazy)
+        self.num_free -= int(used[-1])
+        self.g += k
+        self.last_event = float(ends[-1])
+        return self.last_event
 
     def _pop_finished(self) -> list[tuple[int, int]]:
         """Decoders that emitted their last token in lazy step `G`, as (admission, request)."""
@@ -642,6 +721,8 @@ class _StaticEngine(_Engine):
         first_g = self.g
         self.live, self.live_since = [members[j] for j in by_finish[position:]], first_g
         lazy_step, log = self.log.lazy_step, self.log
+        if self.decode_step_times is not None and longest - 1 >= RUN_MIN:
+            return self._decode_batch(now, members, by_finish, position, lp, first_g)
         for emitted in range(1, longest):
             live = m - position
             duration = self.step_time(StepShape(m, m, m * (lp + emitted)))
@@ -663,6 +744,51 @@ class _StaticEngine(_Engine):
             self._run_of_tokens(i, first_g, count)
             self.emitted[i] = output[i]
             self.computed[i] = prompt[i] + count
+        self.live = []
+        return now
+
+    def _decode_batch(self, now: float, members: list[int], by_finish: list[int], position: int, lp: int,
+                      first_g: int) -> float | None:
+        """The batch's decode steps as arrays: nothing can join a static batch, so every step until its
+        longest output is done (or the time limit) is known in advance."""
+        assert self.decode_step_times is not None
+        m, output = len(members), self.output
+        outputs = np.array([output[members[j]] for j in by_finish], dtype=np.int64)  # ascending
+        emitted = np.arange(1, int(outputs[-1]), dtype=np.int64)  # each step's tokens so far, per live row
+        durations = self.decode_step_times(m, m * (lp + emitted))
+        ends = np.cumsum(np.concatenate(([now], durations)))[1:]
+        k = int(np.searchsorted(ends, self.limit, side="left"))
+        done = k == len(emitted)
+        ends, durations, emitted = ends[:k], durations[:k], emitted[:k]
+        live = m - np.searchsorted(outputs, emitted, side="right")
+        finished_after = np.searchsorted(outputs, emitted + 1, side="right")
+        kv_used = np.full(k, self.num_blocks - self.num_free, dtype=np.int64)
+        num_running = np.full(k, m, dtype=np.int64)
+        if done and k:
+            kv_used[-1] -= sum(self.owned[i] for i in members)
+            num_running[-1] = 0
+        waiting = np.full(k, len(self.waiting), dtype=np.int64)
+        if self.closed:
+            waiting += np.minimum(finished_after - position, self.n - self.created)
+        else:
+            waiting += np.searchsorted(self.instants_array, ends, side="right") - self.next_arrival
+        if k:
+            self._log_steps(now, ends, durations, live, live, m - live, kv_used, waiting, num_running)
+            self.g += k
+            self.last_event = now = float(ends[-1])
+        while position < m and outputs[position] - 2 < k:
+            self._member_done(members[by_finish[position]], float(ends[outputs[position] - 2]))
+            position += 1
+        if k:
+            self._arrive(now)
+        if not done:
+            return None
+        self._release_batch(members, now)
+        for i in members:
+            count = output[i] - 1
+            self._run_of_tokens(i, first_g, count)
+            self.emitted[i] = output[i]
+            self.computed[i] = self.prompt[i] + count
         self.live = []
         return now
 

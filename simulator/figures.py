@@ -39,13 +39,15 @@ def cdf_points(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return np.quantile(values, share, method="linear"), share
 
 
-def latency_figure(requests: pl.DataFrame, tokens: pl.DataFrame) -> go.Figure:
+def latency_figure(requests: pl.DataFrame, tokens: pl.DataFrame | None) -> go.Figure:
+    """TTFT, ITL and E2EL CDFs; without a tokens table (a --no-tokens run) the ITL panel is empty."""
     from simulator.metrics import inter_token_latencies
 
     done = requests.filter(pl.col("finished"))
-    done_tokens = tokens.filter(pl.col("request_id").is_in(done["request_id"].implode()))
-    samples = {"TTFT": done["ttft"].to_numpy(), "ITL": inter_token_latencies(done_tokens),
-               "E2EL": done["e2el"].to_numpy()}
+    itl = np.zeros(0)
+    if tokens is not None:
+        itl = inter_token_latencies(tokens.filter(pl.col("request_id").is_in(done["request_id"].implode())))
+    samples = {"TTFT": done["ttft"].to_numpy(), "ITL": itl, "E2EL": done["e2el"].to_numpy()}
     fig = make_subplots(rows=1, cols=3, subplot_titles=[f"{name} (ms)" for name in samples])
     for col, (name, values) in enumerate(samples.items(), start=1):
         if len(values):
@@ -97,19 +99,21 @@ def server_figure(steps: pl.DataFrame, kv_blocks: int) -> go.Figure:
 
 def run_figures(folder: Path) -> tuple[dict[str, Any], dict[str, go.Figure]]:
     """The run's summary.json and its figures by page id."""
-    missing = [name for name in ("requests.parquet", "tokens.parquet", "steps.parquet", "summary.json")
+    missing = [name for name in ("requests.parquet", "steps.parquet", "summary.json")
                if not (folder / name).is_file()]
     if missing:
         raise InputError(f"{str(folder)!r} is not a run folder (no {', '.join(missing)})")
     saved = json.loads((folder / "summary.json").read_text())
     requests = pl.read_parquet(folder / "requests.parquet")
-    tokens = pl.read_parquet(folder / "tokens.parquet")
     steps = pl.read_parquet(folder / "steps.parquet")
-    return saved, {
-        "latency": latency_figure(requests, tokens),
-        "tokens": token_figure(requests, tokens),
-        "server": server_figure(steps, saved["summary"]["kv_blocks"]),
-    }
+    figures = {}
+    if (folder / "tokens.parquet").is_file():  # absent when the run was written with --no-tokens
+        tokens = pl.read_parquet(folder / "tokens.parquet")
+        figures["latency"] = latency_figure(requests, tokens)
+        figures["tokens"] = token_figure(requests, tokens)
+    else:
+        figures["latency"] = latency_figure(requests, None)
+    return saved, figures | {"server": server_figure(steps, saved["summary"]["kv_blocks"])}
 
 
 def load_axis(rows: pl.DataFrame) -> str | None:

@@ -146,3 +146,31 @@ def test_console_script_exits_nonzero_without_traceback(tmp_path: Path) -> None:
                           capture_output=True, text=True, cwd=tmp_path)
     assert done.returncode == 2
     assert done.stderr.strip() == "error: --rate must be > 0 requests/s (or inf), got -1.0"
+
+
+def test_engines_write_identical_run_folders(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["--policy", "continuous", "--rate", "14", "--num-requests", "300"]
+    for engine in ("fast", "reference"):
+        code, _, _ = simulate_cli([*args, "--engine", engine, "--out", str(tmp_path / engine)], capsys)
+        assert code == 0
+    for name in ("requests", "tokens", "steps"):
+        assert pl.read_parquet(tmp_path / "fast" / f"{name}.parquet").equals(
+            pl.read_parquet(tmp_path / "reference" / f"{name}.parquet")), name
+    fast, reference = (json.loads((tmp_path / e / "summary.json").read_text()) for e in ("fast", "reference"))
+    assert fast["summary"] == reference["summary"]
+    assert fast["settings"]["engine"] == "fast" and reference["settings"]["engine"] == "reference"
+
+
+def test_no_tokens_skips_the_token_table_but_not_its_metrics(tmp_path: Path,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["--policy", "chunked", "--rate", "8", "--num-requests", "60"]
+    code, _, _ = simulate_cli([*args, "--out", str(tmp_path / "with")], capsys)
+    assert code == 0
+    code, stdout, _ = simulate_cli([*args, "--no-tokens", "--out", str(tmp_path / "without")], capsys)
+    assert code == 0 and stdout.splitlines()[-1].endswith("/ (requests, steps .parquet; summary.json)")
+    assert not (tmp_path / "without" / "tokens.parquet").exists()
+    with_tokens, without = (json.loads((tmp_path / d / "summary.json").read_text())["summary"]
+                            for d in ("with", "without"))
+    assert without == with_tokens  # ITL comes from the step log either way
+    code, _, _ = simulate_cli(["report", str(tmp_path / "without")], capsys)
+    assert code == 0 and (tmp_path / "without" / "report.html").is_file()

@@ -24,6 +24,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_properties import SETTINGS, cases
 
+from simulator import fast
 from simulator.config import RunConfig
 from simulator.errors import InputError
 from simulator.metrics import build_tables, describe, summarize
@@ -68,11 +69,22 @@ def assert_identical(config: RunConfig, workload: Workload | None = None, cost: 
     return reference[1]
 
 
+@pytest.mark.parametrize("run_min", [1, fast.RUN_MIN], ids=["every-run-numpy", "default-runs"])
 @pytest.mark.parametrize("policy", ["static", "continuous", "chunked"])
 @settings(SETTINGS, max_examples=ENGINE_EXAMPLES)
 @given(data=st.data(), limit=st.none() | st.floats(0.05, 0.95), unit_cost=st.booleans(), integer_times=st.booleans())
-def test_random_workloads(policy: str, data: st.DataObject, limit: float | None, unit_cost: bool,
+def test_random_workloads(policy: str, run_min: int, data: st.DataObject, limit: float | None, unit_cost: bool,
                           integer_times: bool) -> None:
+    """`run_min` 1 sends every quiet stretch, however short, through the numpy runs."""
+    default, fast.RUN_MIN = fast.RUN_MIN, run_min
+    try:
+        check_random_case(policy, data, limit, unit_cost, integer_times)
+    finally:
+        fast.RUN_MIN = default
+
+
+def check_random_case(policy: str, data: st.DataObject, limit: float | None, unit_cost: bool,
+                      integer_times: bool) -> None:
     case = data.draw(cases(policy))
     workload = case.workload
     if unit_cost and integer_times and workload.arrival is not None:
