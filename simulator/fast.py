@@ -428,6 +428,8 @@ class _IterationEngine(_Engine):
         self._client_returns(end)
 
     def _general_step(self, now: float) -> float | None:
+        """One step of any kind (admissions, prefill chunks, preemption), as the reference runs it;
+        the lazy decoders take part as totals. Returns the step's end, or None at the time limit."""
         plan = self._plan(exact=False)
         if plan is None:
             evicted = sorted(self.lazy)
