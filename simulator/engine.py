@@ -13,6 +13,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
 import simpy
 
 from simulator.cost import CostModel, StepShape
@@ -59,6 +60,12 @@ class StepLog:
 
     def __len__(self) -> int:
         return len(self.start)
+
+    def column(self, name: str) -> np.ndarray:
+        """A column as a numpy array over the same memory (float64 or int64, as it is stored)."""
+        values: array = getattr(self, name)
+        dtype = np.float64 if values.typecode == "d" else np.int64
+        return np.frombuffer(values, dtype=dtype) if len(values) else np.zeros(0, dtype=dtype)
 
 
 class Server:

@@ -74,6 +74,12 @@ def arrival_instants(arrival: np.ndarray) -> list[float]:
     return instants
 
 
+def step_ends(now: float, durations: np.ndarray) -> np.ndarray:
+    """Ends of consecutive steps from `now`: a sequential cumulative sum, the same additions as
+    `now = now + duration` step by step (so the same bits)."""
+    return np.cumsum(np.concatenate(([now], durations)))[1:]  # type: ignore[no-any-return]
+
+
 def run_fast(policy: Policy, cost: CostModel, num_blocks: int, block_size: int, workload: Workload,
              time_limit: float | None) -> tuple[RequestColumns, StepLog, float]:
     engine: _Engine
@@ -110,7 +116,6 @@ class _Engine:
         self.created = 0
         self.waiting: deque[int] = deque()
         self.limit = math.inf if time_limit is None else time_limit
-        self.stopped = False  # the clock reached the time limit
         self.last_event = 0.0  # the end of the last step
         self.last_wake = 0.0  # the latest sleep timeout set; it fires even after an arrival woke the server
         self.log = StepLog()
@@ -154,7 +159,6 @@ class _Engine:
         """Nothing to do: sleep until the next arrival; None when there is none before the time limit."""
         wake = self._next_instant()
         if wake >= self.limit:
-            self.stopped = wake < math.inf
             return None
         return wake
 
@@ -214,13 +218,12 @@ class _Engine:
     def run(self) -> tuple[RequestColumns, StepLog, float]:
         self._loop()
         self._materialise()
-        if self.stopped or self.limit < math.inf:
+        # Every arrival processed before the clock stopped: all of them without a time limit, those
+        # strictly before it with one (the limit ends the run before events at that instant).
+        self._arrive(math.nextafter(self.limit, -math.inf))
+        if self.limit < math.inf:
             end_time = self.limit
-            while self.next_arrival < self.n and not self.closed and self.instants[self.next_arrival] < self.limit:
-                self._create(self.times[self.next_arrival])
-                self.next_arrival += 1
         else:
-            self._arrive(math.inf)
             end_time = max(self.last_event, self.last_wake, self.instants[-1] if self.instants else 0.0)
         c = self.created
         columns = RequestColumns(
@@ -314,7 +317,6 @@ class _IterationEngine(_Engine):
             else:
                 end = self._general_step(now)
             if end is None:
-                self.stopped = True
                 return
             now = end
 
@@ -372,7 +374,7 @@ class _IterationEngine(_Engine):
         time limit and the first step short of KV blocks; None when fewer than `RUN_MIN` are left."""
         assert self.decode_step_times is not None
         finishing, g, epoch = self.finishing, self.g, self.epoch
-        while finishing[0][3] != epoch[finishing[0][2]] or finishing[0][2] not in self.lazy:
+        while finishing[0][3] != epoch[finishing[0][2]]:  # left D since: stale
             heapq.heappop(finishing)
         k = min(finishing[0][0] - g - 1, RUN_MAX)
         if k < RUN_MIN:
@@ -382,19 +384,23 @@ class _IterationEngine(_Engine):
         # arrival or the time limit (a bound only: the run's length is settled exactly below).
         num_lazy = self.num_lazy
         first = self.step_time(StepShape(num_lazy, num_lazy, self.key_sum + num_lazy * g))
-        horizon = min(self._next_instant(), self.limit) - now
-        if horizon < RUN_MIN * first:
-            self.no_run_before_t = now + horizon  # nor before that arrival
+        stop = min(self._next_instant(), self.limit)
+        if stop - now < RUN_MIN * first:
+            self.no_run_before_t = stop  # nor before that arrival
             return None
-        if horizon < k * first:
-            k = int(horizon / first) + 1
+        if stop - now < k * first:
+            k = int((stop - now) / first) + 1
         offsets = np.arange(k, dtype=np.int64)
         used = np.cumsum(np.asarray(self.residues, dtype=np.int64)[(1 - g - offsets) % self.bs])
         k = min(k, int(np.searchsorted(used, self.num_free, side="right")))
-        durations = self.decode_step_times(num_lazy, self.key_sum + num_lazy * (g + offsets[:k]))
-        ends = np.cumsum(np.concatenate(([now], durations)))[1:]  # sequential, as now + duration step by step
-        k = min(k, int(np.searchsorted(ends, min(self._next_instant(), self.limit), side="left")))
         if k < RUN_MIN:
+            self.no_run_before_g = finishing[0][0]  # KV blocks come back only when someone finishes
+            return None
+        durations = self.decode_step_times(num_lazy, self.key_sum + num_lazy * (g + offsets[:k]))
+        ends = step_ends(now, durations)
+        k = min(k, int(np.searchsorted(ends, stop, side="left")))
+        if k < RUN_MIN:
+            self.no_run_before_t = stop
             return None
         ends, used = ends[:k], used[:k]
         self._log_steps(now, ends, durations[:k], num_lazy, num_lazy, 0, self.num_blocks - self.num_free + used, 0,
@@ -410,7 +416,7 @@ class _IterationEngine(_Engine):
         finishing, g, epoch = self.finishing, self.g, self.epoch
         while finishing and finishing[0][0] <= g:
             at, adm, i, e = heapq.heappop(finishing)
-            if e == epoch[i] and i in self.lazy:
+            if e == epoch[i]:  # else it left D since (every join and leave bumps the epoch)
                 assert at == g
                 done.append((adm, i))
         return done
@@ -637,8 +643,8 @@ class _StaticEngine(_Engine):
         self.max_batch = policy.max_batch_size
         self.max_delay = policy.max_queue_delay
         self.g = 0
-        self.live: list[int] = []  # members of the batch still decoding when the clock stopped
-        self.live_since = 0
+        self.batch: list[int] = []  # the batch being decoded, its tokens not yet written back
+        self.batch_since = 0  # the lazy step its decoding began at
 
     def _loop(self) -> None:
         now = 0.0
@@ -656,12 +662,10 @@ class _StaticEngine(_Engine):
                 self.last_wake = max(self.last_wake, wake)
                 now = min(wake, self._next_instant())
                 if now >= self.limit:
-                    self.stopped = True
                     return
                 continue
             end = self._batch(now)
             if end is None:
-                self.stopped = True
                 return
             now = end
 
@@ -720,11 +724,10 @@ class _StaticEngine(_Engine):
         self._log_step(now, duration, m, real, 0, shape.num_tokens - real, 0 if position == m else m, 0)
         self.last_event = now = end
         # Decode steps: every live member emits; finished rows stay as padding.
-        first_g = self.g
-        self.live, self.live_since = [members[j] for j in by_finish[position:]], first_g
+        self.batch, self.batch_since = members, self.g
         lazy_step, log = self.log.lazy_step, self.log
         if self.decode_step_times is not None and longest - 1 >= RUN_MIN:
-            return self._decode_batch(now, members, by_finish, position, lp, first_g)
+            return self._decode_batch(now, members, by_finish, position, lp)
         for emitted in range(1, longest):
             live = m - position
             duration = self.step_time(StepShape(m, m, m * (lp + emitted)))
@@ -741,16 +744,11 @@ class _StaticEngine(_Engine):
             self._arrive(end)
             self._log_step(now, duration, live, 0, live, m - live, 0 if position == m else m, 0)
             self.last_event = now = end
-        for i in members:
-            count = output[i] - 1
-            self._run_of_tokens(i, first_g, count)
-            self.emitted[i] = output[i]
-            self.computed[i] = prompt[i] + count
-        self.live = []
+        self._materialise()
         return now
 
-    def _decode_batch(self, now: float, members: list[int], by_finish: list[int], position: int, lp: int,
-                      first_g: int) -> float | None:
+    def _decode_batch(self, now: float, members: list[int], by_finish: list[int], position: int, lp: int
+                      ) -> float | None:
         """The batch's decode steps as arrays: nothing can join a static batch, so every step until its
         longest output is done (or the time limit) is known in advance."""
         assert self.decode_step_times is not None
@@ -758,7 +756,7 @@ class _StaticEngine(_Engine):
         outputs = np.array([output[members[j]] for j in by_finish], dtype=np.int64)  # ascending
         emitted = np.arange(1, int(outputs[-1]), dtype=np.int64)  # each step's tokens so far, per live row
         durations = self.decode_step_times(m, m * (lp + emitted))
-        ends = np.cumsum(np.concatenate(([now], durations)))[1:]
+        ends = step_ends(now, durations)
         k = int(np.searchsorted(ends, self.limit, side="left"))
         done = k == len(emitted)
         ends, durations, emitted = ends[:k], durations[:k], emitted[:k]
@@ -786,12 +784,7 @@ class _StaticEngine(_Engine):
         if not done:
             return None
         self._release_batch(members, now)
-        for i in members:
-            count = output[i] - 1
-            self._run_of_tokens(i, first_g, count)
-            self.emitted[i] = output[i]
-            self.computed[i] = self.prompt[i] + count
-        self.live = []
+        self._materialise()
         return now
 
     def _member_done(self, i: int, end: float) -> None:
@@ -804,9 +797,12 @@ class _StaticEngine(_Engine):
             self.owned[i] = 0
 
     def _materialise(self) -> None:
-        steps = self.g - self.live_since
-        for i in self.live:
+        """The batch's decode tokens, as runs: each member emitted one token per decode step until
+        its output was done (or the clock stopped)."""
+        steps = self.g - self.batch_since
+        for i in self.batch:
             count = min(self.output[i] - 1, steps)
-            self._run_of_tokens(i, self.live_since, count)
+            self._run_of_tokens(i, self.batch_since, count)
             self.emitted[i] = 1 + count
             self.computed[i] = self.prompt[i] + count
+        self.batch = []

@@ -31,29 +31,13 @@ class Tables:
     steps: pl.DataFrame
 
 
-def _array(values: Any, dtype: type) -> np.ndarray:
-    return np.frombuffer(values, dtype=dtype) if len(values) else np.zeros(0, dtype=dtype)
-
-
 def build_tables(result: RunResult, tokens: bool = True) -> Tables:
     """The run's requests, tokens and steps tables; `tokens=False` leaves the (large) tokens table
     empty for callers that only want the summary."""
     log = result.log
-    start = _array(log.start, np.float64)
-    duration = _array(log.duration, np.float64)
-    steps = pl.DataFrame({
-        "step": np.arange(len(start), dtype=np.int64),
-        "start": start,
-        "duration": duration,
-        "num_seqs": _array(log.num_seqs, np.int64),
-        "prefill_tokens": _array(log.prefill_tokens, np.int64),
-        "decode_tokens": _array(log.decode_tokens, np.int64),
-        "padded_tokens": _array(log.padded_tokens, np.int64),
-        "kv_blocks_used": _array(log.kv_blocks_used, np.int64),
-        "num_waiting": _array(log.num_waiting, np.int64),
-        "num_running": _array(log.num_running, np.int64),
-        "num_preempted": _array(log.num_preempted, np.int64),
-    })
+    columns = ("start", "duration", "num_seqs", "prefill_tokens", "decode_tokens", "padded_tokens",
+               "kv_blocks_used", "num_waiting", "num_running", "num_preempted")
+    steps = pl.DataFrame({"step": np.arange(len(log), dtype=np.int64)} | {name: log.column(name) for name in columns})
     token_rows = tokens_table(log) if tokens else pl.DataFrame(
         schema={"request_id": pl.Int64, "index": pl.Int64, "time": pl.Float64})
 

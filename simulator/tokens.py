@@ -10,32 +10,24 @@ next one are counted one by one.
 
 from __future__ import annotations
 
-from array import array
-
 import numpy as np
 import polars as pl
 
 from simulator.engine import StepLog
 
 
-def _array(values: array) -> np.ndarray:
-    return np.frombuffer(values, dtype=np.int64) if len(values) else np.zeros(0, dtype=np.int64)
-
-
 def step_ends(log: StepLog) -> np.ndarray:
-    if not len(log):
-        return np.zeros(0)
-    return np.frombuffer(log.start, dtype=np.float64) + np.frombuffer(log.duration, dtype=np.float64)
+    return log.column("start") + log.column("duration")
 
 
 def tokens_table(log: StepLog) -> pl.DataFrame:
     """One row per output token: request_id, index (0-based, per request), time (end of its step)."""
-    lazy_step = _array(log.lazy_step)
-    run_request, run_first, run_count = _array(log.run_request), _array(log.run_first), _array(log.run_count)
+    lazy_step = log.column("lazy_step")
+    run_request, run_first, run_count = log.column("run_request"), log.column("run_first"), log.column("run_count")
     total = int(run_count.sum())
     offsets = np.arange(total, dtype=np.int64) - np.repeat(np.cumsum(run_count) - run_count, run_count)
-    steps = np.concatenate([_array(log.token_step), lazy_step[np.repeat(run_first, run_count) + offsets]])
-    requests = np.concatenate([_array(log.token_request), np.repeat(run_request, run_count)])
+    steps = np.concatenate([log.column("token_step"), lazy_step[np.repeat(run_first, run_count) + offsets]])
+    requests = np.concatenate([log.column("token_request"), np.repeat(run_request, run_count)])
     order = np.lexsort((steps, requests))
     requests, steps = requests[order], steps[order]
     first_of_request = np.r_[True, requests[1:] != requests[:-1]] if len(requests) else np.zeros(0, bool)
@@ -51,9 +43,9 @@ def itl_histogram(log: StepLog, keep: np.ndarray | None = None) -> tuple[np.ndar
     """Every inter-token gap pooled over requests (over those with `keep[request]` when given), as
     sorted distinct values (seconds) and how many times each occurs."""
     end = step_ends(log)
-    lazy_step = _array(log.lazy_step)
-    single_request, single_step = _array(log.token_request), _array(log.token_step)
-    run_request, run_first, run_count = _array(log.run_request), _array(log.run_first), _array(log.run_count)
+    lazy_step = log.column("lazy_step")
+    single_request, single_step = log.column("token_request"), log.column("token_step")
+    run_request, run_first, run_count = log.column("run_request"), log.column("run_first"), log.column("run_count")
     if keep is not None:
         kept = keep[single_request]
         single_request, single_step = single_request[kept], single_step[kept]
