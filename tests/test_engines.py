@@ -26,8 +26,11 @@ from test_properties import SETTINGS, cases
 
 from simulator import fast
 from simulator.config import RunConfig
+from simulator.cost import RooflineCost, StepShape
 from simulator.errors import InputError
+from simulator.hardware import load_gpu
 from simulator.metrics import build_tables, describe, summarize
+from simulator.model import load_model
 from simulator.simulate import simulate
 from simulator.tokens import describe_histogram
 from workloads import Workload
@@ -145,9 +148,24 @@ def test_an_unknown_policy_runs_on_the_reference_engine(monkeypatch: pytest.Monk
 
     monkeypatch.setitem(policies.POLICIES, "mine", lambda c: Subclassed(c.max_num_seqs, c.max_num_batched_tokens))
     config = RunConfig(policy="mine", rate=12.0, num_requests=200)
-    ours = build_tables(simulate(config))
+    result = simulate(config)
+    # Only the fast engine logs tokens as runs; the reference logs every token singly.
+    assert len(result.log.run_request) == 0 and len(result.log.token_request) == 200 * 300
+    assert len(simulate(replace(config, policy="continuous")).log.run_request) > 0
     theirs = build_tables(simulate(replace(config, policy="continuous", engine="reference")))
-    assert ours.steps.equals(theirs.steps)
+    assert build_tables(result).steps.equals(theirs.steps)
+
+
+@settings(max_examples=300, deadline=None)
+@given(model=st.sampled_from(["llama-3.1-8b", "tiny"]), gpu=st.sampled_from(["h100_sxm", "h200_sxm"]),
+       num_seqs=st.integers(1, 2048), contexts=st.lists(st.integers(1, 2**31), min_size=1, max_size=50))
+def test_decode_step_times_are_step_time_bit_for_bit(model: str, gpu: str, num_seqs: int,
+                                                     contexts: list[int]) -> None:
+    """The array path prices quiet stretches with `decode_step_times`; it must be `step_time` exactly."""
+    cost = RooflineCost(load_model(model), load_gpu(gpu))
+    at_once = cost.decode_step_times(num_seqs, np.array(contexts, dtype=np.int64))
+    one_by_one = [cost.step_time(StepShape(num_seqs, num_seqs, c)) for c in contexts]
+    assert at_once.tolist() == one_by_one
 
 
 @settings(max_examples=300, deadline=None)
