@@ -2,14 +2,24 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import polars as pl
+import pytest
 
 from simulator.config import RunConfig
 from simulator.cost import StepShape
 from simulator.metrics import build_tables
 from simulator.simulate import RunResult, simulate
 from workloads import Workload
+
+TRACES = Path(__file__).resolve().parents[2] / "shared" / "reference" / "traces"
+AZURE = TRACES / "azure_conv_2023.csv"
+MOONCAKE = TRACES / "mooncake_conversation.jsonl"
+# The reference data lives beside the checkout (../shared), never in it; without it these skip, naming it.
+needs_azure = pytest.mark.skipif(not AZURE.exists(), reason=f"reference trace missing: {AZURE}")
+needs_mooncake = pytest.mark.skipif(not MOONCAKE.exists(), reason=f"reference trace missing: {MOONCAKE}")
 
 
 class UnitCost:

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import numpy as np
+from helpers import needs_azure
 
 from benchmarks.engine_speed import AZURE, run_one, tiled_trace
 from workloads import read_trace
 
 
+@needs_azure
 def test_tiled_trace_repeats_the_azure_trace_in_order() -> None:
     trace = read_trace(AZURE)
     n = trace.num_requests + 10

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import polars as pl
 import pytest
+from helpers import AZURE, needs_azure
 
 from simulator.cli import run
 from simulator.outputs import read_metadata
@@ -25,7 +26,6 @@ STEPS_SCHEMA = {
     "prefill_tokens": pl.Int64, "decode_tokens": pl.Int64, "padded_tokens": pl.Int64,
     "kv_blocks_used": pl.Int64, "num_waiting": pl.Int64, "num_running": pl.Int64, "num_preempted": pl.Int64,
 }
-TRACES = Path(__file__).resolve().parents[2] / "shared" / "reference" / "traces"
 
 
 def simulate_cli(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
@@ -81,9 +81,10 @@ def test_same_seed_same_outputs(tmp_path: Path, capsys: pytest.CaptureFixture[st
         assert not a.equals(c)
 
 
+@needs_azure
 def test_trace_replay(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "trace"
-    code, _, _ = simulate_cli(["--trace", str(TRACES / "azure_conv_2023.csv"), "--num-requests", "50",
+    code, _, _ = simulate_cli(["--trace", str(AZURE), "--num-requests", "50",
                                "--policy", "chunked", "--out", str(out)], capsys)
     assert code == 0
     requests = pl.read_parquet(out / "requests.parquet")

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 import pytest
+from helpers import AZURE, MOONCAKE, needs_azure, needs_mooncake
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats
@@ -30,14 +31,6 @@ from workloads import (
     poisson_arrivals,
     read_trace,
     synthetic_workload,
-)
-
-TRACES = Path(__file__).resolve().parents[2] / "shared" / "reference" / "traces"
-AZURE = TRACES / "azure_conv_2023.csv"
-MOONCAKE = TRACES / "mooncake_conversation.jsonl"
-needs_azure = pytest.mark.skipif(not AZURE.exists(), reason=f"reference trace missing: {AZURE}")
-needs_mooncake = pytest.mark.skipif(
-    not MOONCAKE.exists(), reason=f"reference trace missing: {MOONCAKE}"
 )
 
 
