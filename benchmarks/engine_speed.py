@@ -1,47 +1,52 @@
-"""How fast the engine simulates: requests and simulated seconds per wall second, and peak memory.
+"""How fast the engine simulates, whole process and in the engine, and its peak memory.
 
-Workloads (issue 4): (a) the chapter's, 2,000-token prompts and 300-token outputs, chunked prefill,
-closed loop of 64 clients; (b) open loop at 12 req/s with the same lengths, for static, continuous
-and chunked; (c) the Azure conversation trace, tiled end to end when more requests are asked for
-than it holds. Each case runs in a fresh process so its peak RSS is its own. A run is the simulation
-plus its summary (every metric, ITL included), not the tokens table, which a user asks for by
-writing a run folder. Speeds are printed per wall second and as ratios: simulated seconds per
-wall second (x real time) and, at the sizes in --reference-sizes, the fast engine against the
-reference one-event-per-step engine (`--engine reference`) run on the same workload in the same
-benchmark run.
+Workloads: (a) the chapter's, 2,000-token prompts and 300-token outputs, chunked prefill, closed
+loop of 64 clients; (b) open loop at 12 req/s with the same lengths, for static, continuous,
+chunked and priority (3 levels); (c) the Azure conversation trace, tiled end to end when more
+requests are asked for than it holds. Each case runs in a fresh process: `wall s` is that whole
+process (start-up and imports included), `engine s` the simulation and its summary (every metric,
+ITL included) inside it, `peak MB` its peak RSS. `--tokens` also writes the tokens table (a run
+folder's largest file) and times that.
 
-Run: python -m benchmarks.engine_speed [--sizes 10000,100000,1000000] [--reference-sizes 10000]
+`--baseline REV` runs the same cases, in the same benchmark run, on servesim as it was at git
+revision REV (checked out into a temporary worktree; default: the last commit before the one-engine
+redesign, whose default engine was `simulator/fast.py`), and prints the ratio of wall times.
+
+Run: python -m benchmarks.engine_speed [--sizes 10000,100000,1000000] [--baseline REV | --no-baseline]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 
-from simulator.config import RunConfig
-from simulator.metrics import build_tables, summarize
-from simulator.simulate import simulate
-from workloads import Workload, read_trace
-
-AZURE = Path(__file__).resolve().parents[2] / "shared" / "reference" / "traces" / "azure_conv_2023.csv"
-CASES = {
+ROOT = Path(__file__).resolve().parents[1]
+AZURE = ROOT.parent / "shared" / "reference" / "traces" / "azure_conv_2023.csv"
+BASELINE = "11acbd2"
+"""main before the one-engine redesign (its fast engine ran outside SimPy)."""
+CASES: dict[str, dict[str, object]] = {
     "a-chunked-c64": dict(policy="chunked", concurrency=64),
     "b-static-r12": dict(policy="static", rate=12.0),
     "b-continuous-r12": dict(policy="continuous", rate=12.0),
     "b-chunked-r12": dict(policy="chunked", rate=12.0),
+    "b-priority-r12": dict(policy="priority", rate=12.0, priority_levels=3),
     "c-azure-chunked": dict(policy="chunked", trace=str(AZURE)),
 }
 
 
-def tiled_trace(n: int) -> Workload:
+def tiled_trace(n: int):  # type: ignore[no-untyped-def]
     """The Azure trace repeated back to back (each copy starts one mean gap after the last) up to n."""
+    from workloads import Workload, read_trace
+
     trace = read_trace(AZURE)
     assert trace.arrival is not None
     copies = -(-n // trace.num_requests)
@@ -51,54 +56,90 @@ def tiled_trace(n: int) -> Workload:
                     output_tokens=np.tile(trace.output_tokens, copies)[:n], arrival=arrival, concurrency=None)
 
 
-def run_one(case: str, n: int, engine: str) -> dict[str, float | str | int]:
+def run_one(case: str, n: int, tokens_dir: str | None = None) -> dict[str, float | str | int]:
+    """One case in this process: the simulation, its summary and, with `tokens_dir`, its tokens table."""
+    from simulator.config import RunConfig
+    from simulator.metrics import build_tables, summarize
+    from simulator.simulate import simulate
+
     settings = dict(CASES[case])
     workload = None
     if "trace" in settings:
         workload = tiled_trace(n)
         settings.pop("trace")
-    config = RunConfig(num_requests=n, engine=engine, **settings)  # type: ignore[arg-type]
     start = time.perf_counter()
-    result = simulate(config, workload)
-    simulated = time.perf_counter() - start
+    result = simulate(RunConfig(num_requests=n, **settings), workload)  # type: ignore[arg-type]
     summary = summarize(result, build_tables(result, tokens=False))
-    wall = time.perf_counter() - start
-    return {"case": case, "engine": engine, "requests": n, "wall_s": wall, "engine_s": simulated,
-            "simulated_s": summary["duration"], "steps": summary["num_steps"],
-            "requests_per_wall_s": n / wall, "real_time_ratio": summary["duration"] / wall,
-            "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+    engine = time.perf_counter() - start
+    row: dict[str, float | str | int] = {"case": case, "requests": n, "engine_s": engine,
+                                         "simulated_s": summary["duration"], "steps": summary["num_steps"]}
+    if tokens_dir is not None:
+        from simulator.tokens import write_tokens
+
+        write_tokens(result.log, Path(tokens_dir) / "tokens.parquet", {})
+        row["tokens_s"] = time.perf_counter() - start - engine
+    row["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return row
 
 
-def measure(case: str, n: int, engine: str) -> dict[str, float | str | int]:
-    done = subprocess.run([sys.executable, "-m", "benchmarks.engine_speed", "--one", case, str(n), engine],
+def measure(tree: Path, case: str, n: int, tokens: bool, baseline: bool) -> dict[str, float | str | int]:
+    """Run one case in a fresh process of the servesim in `tree`; `wall_s` is the whole process."""
+    if baseline:  # the old benchmark's own entry point: CASE N ENGINE
+        command = ["--one", case, str(n), "fast"]
+    else:
+        command = ["--one", case, str(n)] + (["--tokens-dir", tempfile.mkdtemp()] if tokens else [])
+    env = os.environ | {"PYTHONPATH": str(tree)}
+    start = time.perf_counter()
+    done = subprocess.run([sys.executable, "-m", "benchmarks.engine_speed", *command], cwd=tree, env=env,
                           capture_output=True, text=True, check=True)
-    return json.loads(done.stdout)  # type: ignore[no-any-return]
+    wall = time.perf_counter() - start
+    row: dict[str, float | str | int] = json.loads(done.stdout)
+    row["wall_s"] = wall
+    row.setdefault("engine_s", row.get("wall_s", wall))
+    return row
+
+
+def baseline_tree(rev: str) -> Path:
+    path = Path(tempfile.mkdtemp(prefix="servesim-baseline-")) / "servesim"
+    subprocess.run(["git", "worktree", "add", "--detach", str(path), rev], cwd=ROOT, check=True,
+                   capture_output=True)
+    return path
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", default="10000,100000,1000000", help="request counts, comma-separated")
-    parser.add_argument("--reference-sizes", default="10000",
-                        help="sizes at which the reference engine runs too, for the speed-up column ('' for none)")
     parser.add_argument("--cases", default=",".join(CASES), help="which workloads, comma-separated")
-    parser.add_argument("--one", nargs=3, metavar=("CASE", "N", "ENGINE"), help=argparse.SUPPRESS)
+    parser.add_argument("--baseline", default=BASELINE, help="git revision to compare against")
+    parser.add_argument("--no-baseline", action="store_true", help="measure this checkout only")
+    parser.add_argument("--tokens", action="store_true", help="also write the tokens table, and time it")
+    parser.add_argument("--one", nargs=2, metavar=("CASE", "N"), help=argparse.SUPPRESS)
+    parser.add_argument("--tokens-dir", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
-        print(json.dumps(run_one(args.one[0], int(args.one[1]), args.one[2])))
+        print(json.dumps(run_one(args.one[0], int(args.one[1]), args.tokens_dir)))
         return
-    reference_sizes = {int(s) for s in args.reference_sizes.split(",") if s}
-    print(f"{'case':<18}{'engine':>10}{'requests':>10}{'wall s':>9}{'req/s':>9}{'x real time':>13}"
-          f"{'steps':>10}{'peak MB':>9}{'x reference':>13}")
-    for n in (int(s) for s in args.sizes.split(",")):
-        for case in args.cases.split(","):
-            runs = [measure(case, n, "fast")]
-            if n in reference_sizes:
-                runs.append(measure(case, n, "reference"))
-            for r in runs:
-                ratio = (f"{r['requests_per_wall_s'] / runs[1]['requests_per_wall_s']:>13.1f}"  # type: ignore[operator]
-                         if len(runs) == 2 else f"{'':>13}")
-                print(f"{case:<18}{r['engine']:>10}{n:>10}{r['wall_s']:>9.2f}{r['requests_per_wall_s']:>9.0f}"
-                      f"{r['real_time_ratio']:>13.1f}{r['steps']:>10}{r['peak_rss_mb']:>9.0f}{ratio}", flush=True)
+    old = None if args.no_baseline else baseline_tree(args.baseline)
+    try:
+        print(f"{'case':<18}{'requests':>9}{'wall s':>9}{'engine s':>10}{'tokens s':>10}{'steps':>10}"
+              f"{'peak MB':>9}{'baseline wall s':>17}{'MB':>7}{'wall / baseline':>17}")
+        for n in (int(s) for s in args.sizes.split(",")):
+            for case in args.cases.split(","):
+                new = measure(ROOT, case, n, args.tokens, baseline=False)
+                line = (f"{case:<18}{n:>9}{new['wall_s']:>9.2f}{new['engine_s']:>10.2f}"
+                        f"{new.get('tokens_s', float('nan')):>10.2f}{new['steps']:>10}{new['peak_rss_mb']:>9.0f}")
+                if old is not None and case in old_cases(old):
+                    ref = measure(old, case, n, False, baseline=True)
+                    line += f"{ref['wall_s']:>17.2f}{ref['peak_rss_mb']:>7.0f}{new['wall_s'] / ref['wall_s']:>17.2f}"
+                print(line, flush=True)
+    finally:
+        if old is not None:
+            subprocess.run(["git", "worktree", "remove", "--force", str(old)], cwd=ROOT, capture_output=True)
+
+
+def old_cases(tree: Path) -> str:
+    """The baseline knows the cases its benchmark names (no priority policy before the redesign)."""
+    return (tree / "benchmarks" / "engine_speed.py").read_text()
 
 
 if __name__ == "__main__":

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from policies import chunked, continuous, static
+from policies import chunked, continuous, priority, static
 from simulator.config import RunConfig
 from simulator.errors import InputError
 from simulator.step import Policy
@@ -15,6 +15,7 @@ POLICIES: dict[str, Callable[[RunConfig], Policy]] = {
     "static": static.build,
     "continuous": continuous.build,
     "chunked": chunked.build,
+    "priority": priority.build,
 }
 
 

@@ -2,8 +2,8 @@
 
 Running requests go first, in admission order: a decoder takes 1 token, an unfinished prompt its
 next chunk (capped by `long_prefill_token_threshold` when set). Waiting requests then fill what is
-left first-come first-served, the last one chunked; admission stops at `max_num_seqs` or at the
-first request that does not fit in free KV.
+left in queue order, the last one chunked; admission stops at `max_num_seqs` or at the first request
+that does not fit in free KV.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from simulator.config import RunConfig
 from simulator.request import Request
-from simulator.step import EngineView, Step
+from simulator.step import Scheduling, Step, View
 
 
 @dataclass(frozen=True)
@@ -20,6 +20,7 @@ class ChunkedPrefill:
     max_num_seqs: int
     max_num_batched_tokens: int
     long_prefill_token_threshold: int = 0
+    scheduling: Scheduling = "fcfs"
 
     def _chunk(self, request: Request, budget: int) -> int:
         n = request.num_pending
@@ -27,30 +28,55 @@ class ChunkedPrefill:
             n = min(n, self.long_prefill_token_threshold)
         return min(n, budget)
 
-    def __call__(self, view: EngineView) -> Step:
-        tokens: dict[Request, int] = {}
+    def __call__(self, view: View) -> Step:
         budget = self.max_num_batched_tokens
+        prefilling = view.prefilling
+        wanted = view.num_decoding + sum(self._chunk(r, budget) for r in prefilling)
+        if wanted > budget and (len(prefilling) > 1 or not view.is_youngest(prefilling[0])):
+            # The budget runs out among running requests: who gets it depends on admission order.
+            return self._in_admission_order(view)
+        tokens: dict[Request, int] = {}
         free_blocks = view.kv.num_free
-        for request in view.running:
+        if view.num_decoding:
+            budget -= view.num_decoding
+            free_blocks -= view.decode_blocks
+        for request in prefilling:  # at most the youngest is cut short (above)
             if budget == 0:
                 break
             n = self._chunk(request, budget)
             tokens[request] = n
             budget -= n
-            free_blocks -= view.kv.extra_blocks(request.id, request.computed + n)
-        num_seqs = len(view.running)
+            free_blocks -= view.kv.extra_blocks(request, request.computed + n)
+        self._admit(view, tokens, budget, free_blocks, view.num_running)
+        return Step(tokens, decode=view.num_decoding > 0)
+
+    def _in_admission_order(self, view: View) -> Step:
+        tokens: dict[Request, int] = {}
+        budget = self.max_num_batched_tokens
+        free_blocks = view.kv.num_free
+        running = view.running()
+        for request in running:
+            if budget == 0:
+                break
+            n = self._chunk(request, budget)
+            tokens[request] = n
+            budget -= n
+            free_blocks -= view.kv.extra_blocks(request, request.computed + n)
+        self._admit(view, tokens, budget, free_blocks, len(running))
+        return Step(tokens)
+
+    def _admit(self, view: View, tokens: dict[Request, int], budget: int, free_blocks: int, num_seqs: int) -> None:
         for request in view.waiting:
             if budget == 0 or num_seqs >= self.max_num_seqs:
                 break
             n = self._chunk(request, budget)
-            blocks = view.kv.extra_blocks(request.id, request.computed + n)
+            blocks = view.kv.extra_blocks(request, request.computed + n)
             if blocks > free_blocks:
                 break
             tokens[request] = n
             budget -= n
             free_blocks -= blocks
             num_seqs += 1
-        return Step(tokens)
 
 
 def build(config: RunConfig) -> ChunkedPrefill:

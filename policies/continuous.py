@@ -11,22 +11,23 @@ from dataclasses import dataclass
 
 from simulator.config import RunConfig
 from simulator.request import Request
-from simulator.step import EngineView, Step
+from simulator.step import Scheduling, Step, View
 
 
 @dataclass(frozen=True)
 class ContinuousBatching:
     max_num_seqs: int
     max_num_batched_tokens: int
+    scheduling: Scheduling = "fcfs"
 
-    def __call__(self, view: EngineView) -> Step:
+    def __call__(self, view: View) -> Step:
         prefill: dict[Request, int] = {}
         budget = self.max_num_batched_tokens
         free_blocks = view.kv.num_free
-        num_seqs = len(view.running)
+        num_seqs = view.num_running
         for request in view.waiting:
             n = request.num_pending
-            blocks = view.kv.extra_blocks(request.id, request.computed + n)
+            blocks = view.kv.extra_blocks(request, request.computed + n)
             if n > budget or num_seqs >= self.max_num_seqs or blocks > free_blocks:
                 break
             prefill[request] = n
@@ -35,7 +36,8 @@ class ContinuousBatching:
             num_seqs += 1
         if prefill:
             return Step(prefill)
-        return Step({request: 1 for request in view.running})
+        # Without chunking every running prompt was computed whole when it was admitted.
+        return Step(decode=True)
 
 
 def build(config: RunConfig) -> ContinuousBatching:

@@ -4,32 +4,31 @@ When idle, form a batch of up to `max_batch_size` waiting requests, waiting at m
 `max_queue_delay` seconds after the oldest arrived for the batch to fill. The batch is prefilled
 padded to its longest prompt and decodes until its longest output is done: nobody joins or leaves,
 finished rows stay as padding, still computed and still holding the KV reserved in full at
-admission. Tokens stream as they are produced.
+admission (the engine's `PaddedBatch`). Tokens stream as they are produced.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 from simulator.config import RunConfig
 from simulator.request import Request
-from simulator.step import EngineView, Step
+from simulator.step import PaddedBatch, Scheduling, Step, View
 
 
 @dataclass(frozen=True)
 class StaticBatching:
     max_batch_size: int
     max_queue_delay: float
+    scheduling: Scheduling = "fcfs"
 
-    def __call__(self, view: EngineView) -> Step:
-        batch = view.running
-        if batch:
-            return self._continue(batch)
+    def __call__(self, view: View) -> Step:
+        if view.num_running:
+            return Step(decode=True)  # the batch decodes every live row, finished rows as padding
         waiting = view.waiting
-        if not waiting:
+        if not len(waiting):
             return Step()
-        deadline = waiting[0].arrival + self.max_queue_delay
+        deadline = waiting.first().arrival + self.max_queue_delay
         if len(waiting) < self.max_batch_size and view.now < deadline:
             return Step(wake_at=deadline)
         members: list[Request] = []
@@ -43,17 +42,8 @@ class StaticBatching:
                 break
             members.append(request)
             longest_prompt, longest_output = prompt, output
-        padded = longest_prompt + longest_output
         return Step(tokens={r: r.prompt_tokens for r in members},
-                    cost_rows=[(longest_prompt, longest_prompt)] * len(members),
-                    reserve={r: padded for r in members})
-
-    @staticmethod
-    def _continue(batch: Sequence[Request]) -> Step:
-        """Decode every live row; finished rows are still computed as padding."""
-        live = [r for r in batch if not r.is_finished]
-        position = max(r.prompt_tokens for r in batch) + live[0].emitted
-        return Step(tokens={r: 1 for r in live}, cost_rows=[(1, position)] * len(batch))
+                    batch=PaddedBatch(longest_prompt, longest_prompt + longest_output))
 
 
 def build(config: RunConfig) -> StaticBatching:

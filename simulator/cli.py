@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 import sys
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -101,13 +102,11 @@ def main() -> None:
 
 
 @main.command("run")
-@click.option("--policy", default="continuous", show_default=True, help="static, continuous or chunked.")
+@click.option("--policy", default="continuous", show_default=True, help="static, continuous, chunked or priority.")
 @click.option("--model", default="llama-3.1-8b", show_default=True, help="Built-in name or a local config.json.")
 @click.option("--gpu", default="h100_sxm", show_default=True, help="Shipped profile name or a profile path.")
 @click.option("--cost", type=click.Choice(["measured", "roofline"]), default="roofline", show_default=True,
               help="Step times from the profile's measured kernels, or from the roofline alone.")
-@click.option("--engine", type=click.Choice(["fast", "reference"]), default="fast", show_default=True,
-              help="fast, or the one-event-per-step reference engine (identical results, ~30-100x slower).")
 @click.option("--rate", type=float, default=None, help="Open loop: requests/s (Poisson; inf = all at once).")
 @click.option("--burstiness", type=float, default=1.0, show_default=True,
               help="Gamma shape of inter-arrival gaps (1 = Poisson), as vllm bench serve.")
@@ -122,6 +121,8 @@ def main() -> None:
 @click.option("--trace", type=str, default=None, help="Replay a trace file (CSV, JSONL or Parquet).")
 @click.option("--trace-speed", type=float, default=1.0, show_default=True, help="Time scale of the replay.")
 @click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--priority-levels", type=int, default=None,
+              help="Give requests priorities uniform over 0..N-1 (lower first; --policy priority).")
 @click.option("--max-num-seqs", type=int, default=1024, show_default=True)
 @click.option("--max-num-batched-tokens", type=int, default=8192, show_default=True,
               help="Token budget of one step (continuous, chunked).")
@@ -144,17 +145,20 @@ def run_command(percentiles: str, goodput: tuple[str, ...], out: Path | None, to
     from simulator.metrics import build_tables, summarize
     from simulator.outputs import check_out_dir, default_run_dir, write_run
     from simulator.simulate import simulate
+    from simulator.tokens import write_tokens
 
     config = RunConfig(percentiles=parse_percentiles(percentiles), goodput=parse_goodput(goodput), **settings)
     if out is not None:
         check_out_dir(out)
     result = simulate(config)
-    tables = build_tables(result, tokens=tokens)
+    tables = build_tables(result, tokens=False)  # the tokens table is streamed to its file below
     summary = summarize(result, tables)
     label = f"{config.policy}-rate{config.rate:g}" if config.rate is not None else config.policy
     out = out or default_run_dir(RESULTS_DIR, label)
     settings_dict = config.to_dict() | {"kv_blocks": result.kv_blocks}
-    written = {"requests": tables.requests, "steps": tables.steps} | ({"tokens": tables.tokens} if tokens else {})
+    written: dict[str, Any] = {"requests": tables.requests, "steps": tables.steps}
+    if tokens:
+        written["tokens"] = partial(write_tokens, result.log)
     write_run(out, written, summary, settings_dict)
     click.echo(format_summary(summary, config))
     click.echo(f"wrote {out}/ ({', '.join(sorted(written))} .parquet; summary.json)")

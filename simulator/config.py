@@ -13,7 +13,6 @@ from typing import Any
 from simulator.errors import InputError
 
 GOODPUT_METRICS = ("ttft", "tpot", "e2el")
-ENGINES = ("fast", "reference")
 
 
 @dataclass(frozen=True)
@@ -26,9 +25,6 @@ class RunConfig:
     cost: str = "roofline"
     """Step-time model: the `roofline` over the profile's fitted rates, or its `measured` kernel tables
     (not the default: on the H100 it runs 11% under the chapter's batch-128 decode step)."""
-    engine: str = "fast"
-    """`fast` (O(1) work per step, k quiet decode steps at a time) or `reference` (one SimPy event per
-    step); both give identical tables. A policy the fast engine does not know runs on the reference."""
     # Scheduler: vLLM serve's defaults on an H100-class GPU (1024 sequences, 8192 batched tokens).
     # vLLM without chunked prefill raises the budget to the model's context length (131072 for
     # Llama-3.1-8B) and reserves activation memory for a step that large, about 15 GB here; the
@@ -56,6 +52,8 @@ class RunConfig:
     output_len_dist: str = "fixed"
     trace: str | None = None
     trace_speed: float = 1.0
+    priority_levels: int | None = None
+    """Synthetic priorities, uniform over 0..N-1 (lower runs first under the priority policy)."""
     seed: int = 0
     time_limit: float | None = None
     """Stop the simulated clock here; requests still in flight are reported unfinished."""
@@ -67,8 +65,6 @@ class RunConfig:
     def __post_init__(self) -> None:
         if self.cost not in ("measured", "roofline"):
             raise InputError(f"unknown --cost {self.cost!r} (choose from measured, roofline)")
-        if self.engine not in ENGINES:
-            raise InputError(f"unknown --engine {self.engine!r} (choose from {', '.join(ENGINES)})")
         positive_ints = ("max_num_seqs", "max_num_batched_tokens", "max_batch_size", "block_size", "input_len",
                          "output_len")
         for name in positive_ints:
@@ -91,6 +87,8 @@ class RunConfig:
             raise InputError("give --rate (open loop) or --concurrency (closed loop), not both")
         if self.concurrency is not None and self.concurrency < 1:
             raise InputError(f"--concurrency must be a positive number of clients, got {self.concurrency}")
+        if self.priority_levels is not None and self.priority_levels < 1:
+            raise InputError(f"--priority-levels must be a positive integer, got {self.priority_levels}")
         if self.num_requests is not None and self.num_requests < 1:
             raise InputError(f"--num-requests must be positive, got {self.num_requests}")
         if self.time_limit is not None and not self.time_limit > 0:

@@ -13,7 +13,7 @@ import logging
 import math
 from bisect import bisect_right
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import TYPE_CHECKING, Protocol
@@ -75,7 +75,21 @@ class StepShape:
 
 
 class CostModel(Protocol):
+    """What the engine needs of a cost model: one step's time, the times of many decode-only steps at
+    once (equal, bit for bit, to `step_time` of each), and what it extrapolated or stood in for."""
+
     def step_time(self, shape: StepShape) -> float: ...
+
+    def decode_step_times(self, num_seqs: int, contexts: np.ndarray) -> np.ndarray:
+        """`step_time(StepShape(num_seqs, num_seqs, c))` for each `c` in `contexts`."""
+
+    @property
+    def extrapolated(self) -> Mapping[str, int]:
+        """Steps priced beyond the measured range, by operator family."""
+
+    @property
+    def notes(self) -> tuple[str, ...]:
+        """What the model's tables stood in for, noted at load."""
 
 
 @dataclass(frozen=True)
@@ -120,6 +134,14 @@ class RooflineCost:
             sampling = gpu.kernel_latency + num_seqs * model.vocab_size * 4 / gpu.mem_bw
             cache[key] = (layer, head + sampling + gpu.step_overhead)
         return cache[key]
+
+    @property
+    def extrapolated(self) -> Mapping[str, int]:
+        return {}  # a roofline has no measured range to leave
+
+    @property
+    def notes(self) -> tuple[str, ...]:
+        return ()
 
     def decode_step_times(self, num_seqs: int, contexts: np.ndarray) -> np.ndarray:
         """`step_time` of steps that decode `num_seqs` sequences whose contexts sum to each of
@@ -491,6 +513,9 @@ class MeasuredCost:
         if len(self.extrapolated) > before:
             LOG.warning("measured cost extrapolated by roofline: %s", ", ".join(list(self.extrapolated)[before:]))
         return total
+
+    def decode_step_times(self, num_seqs: int, contexts: np.ndarray) -> np.ndarray:
+        return np.array([self.step_time(StepShape(num_seqs, num_seqs, int(c))) for c in contexts], dtype=np.float64)
 
 
 @lru_cache(maxsize=32)

@@ -1,4 +1,4 @@
-"""Paged KV-cache memory: fixed-size blocks of `block_size` tokens, owned by requests."""
+"""Paged KV-cache memory: how many blocks the GPU holds, and who holds how many."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from simulator.errors import InputError
 from simulator.model import ModelSpec
+from simulator.request import Request
 
 # Scratch memory vLLM's profiling run finds on top of the weights: the largest step's activations
 # (hidden states, QKV, the gated MLP's intermediate) plus the fp32 logits of every sequence.
@@ -39,15 +40,15 @@ def kv_capacity_blocks(*, memory_bytes: int, gpu_memory_utilization: float, weig
 
 
 @dataclass
-class BlockManager:
-    """Counts blocks per request; which physical blocks they are does not affect timing."""
+class KVBlocks:
+    """Paged KV memory as block counts: each request holds `request.blocks`; which physical blocks
+    they are does not affect timing."""
 
     num_blocks: int
     block_size: int
 
     def __post_init__(self) -> None:
         self.num_free = self.num_blocks
-        self._owned: dict[int, int] = {}
 
     @property
     def num_used(self) -> int:
@@ -56,22 +57,17 @@ class BlockManager:
     def blocks_for(self, tokens: int) -> int:
         return -(-tokens // self.block_size)
 
-    def owned(self, request_id: int) -> int:
-        return self._owned.get(request_id, 0)
-
-    def extra_blocks(self, request_id: int, tokens: int) -> int:
+    def extra_blocks(self, request: Request, tokens: int) -> int:
         """Blocks a request must still get to hold `tokens` tokens."""
-        return max(0, self.blocks_for(tokens) - self.owned(request_id))
+        return max(0, -(-tokens // self.block_size) - request.blocks)
 
-    def can_hold(self, request_id: int, tokens: int) -> bool:
-        return self.extra_blocks(request_id, tokens) <= self.num_free
-
-    def grow(self, request_id: int, tokens: int) -> None:
-        extra = self.extra_blocks(request_id, tokens)
-        assert extra <= self.num_free, f"request {request_id} needs {extra} blocks, {self.num_free} free"
+    def grow(self, request: Request, tokens: int) -> None:
+        extra = self.extra_blocks(request, tokens)
+        assert extra <= self.num_free, f"request {request.id} needs {extra} blocks, {self.num_free} free"
         self.num_free -= extra
-        self._owned[request_id] = self.owned(request_id) + extra
+        request.blocks += extra
 
-    def release(self, request_id: int) -> None:
-        self.num_free += self._owned.pop(request_id, 0)
+    def release(self, request: Request) -> None:
+        self.num_free += request.blocks
+        request.blocks = 0
         assert self.num_free <= self.num_blocks

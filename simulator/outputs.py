@@ -12,6 +12,7 @@ import math
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -37,10 +38,19 @@ def json_safe(value: Any) -> Any:
     return value
 
 
+TableWriter = Callable[[Path, dict[bytes, bytes]], None]
+"""Writes one table to a Parquet path with the given key-value metadata (for tables streamed to disk)."""
+
+
+def parquet_metadata(metadata: dict[str, Any]) -> dict[bytes, bytes]:
+    """The run's settings as a Parquet file's key-value metadata, under b"servesim"."""
+    return {METADATA_KEY: json.dumps(json_safe(metadata)).encode()}
+
+
 def write_parquet(frame: pl.DataFrame, path: Path, metadata: dict[str, Any]) -> None:
     """Parquet with the run's settings in the file's key-value metadata under b"servesim"."""
     table = frame.to_arrow()
-    table = table.replace_schema_metadata({METADATA_KEY: json.dumps(json_safe(metadata)).encode()})
+    table = table.replace_schema_metadata(parquet_metadata(metadata))
     partial = path.with_name(f".{path.name}.partial")
     try:
         pq.write_table(table, partial)
@@ -69,15 +79,18 @@ def check_out_dir(out: Path) -> None:
         raise InputError(f"--out {str(out)!r} already exists and is not an empty folder")
 
 
-def write_run(out: Path, tables: dict[str, pl.DataFrame], summary: dict[str, Any],
+def write_run(out: Path, tables: dict[str, pl.DataFrame | TableWriter], summary: dict[str, Any],
               settings: dict[str, Any]) -> None:
     check_out_dir(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
         metadata = {"settings": settings}
-        for name, frame in tables.items():
-            write_parquet(frame, scratch / f"{name}.parquet", metadata)
+        for name, table in tables.items():
+            if isinstance(table, pl.DataFrame):
+                write_parquet(table, scratch / f"{name}.parquet", metadata)
+            else:
+                table(scratch / f"{name}.parquet", parquet_metadata(metadata))
         (scratch / "summary.json").write_text(
             json.dumps(json_safe({"settings": settings, "summary": summary}), indent=2) + "\n")
         if out.exists():

@@ -13,22 +13,34 @@ import numpy as np
 @dataclass(eq=False, slots=True)
 class Request:
     """There are no phases: `computed` catches up with `prompt_tokens + emitted`, and the step that
-    closes the gap emits one token. A decoding request is one whose gap is a single token."""
+    closes the gap emits one token. A decoding request is one whose gap is a single token.
+
+    While a request decodes in the engine's aggregate of decoders (`simulator.decoders`), its
+    `computed` and `emitted` are brought up to date only when it leaves the aggregate; policies
+    never see it in between."""
 
     id: int
     arrival: float
     prompt_tokens: int
     output_tokens: int
+    priority: int = 0
+    """Lower runs first under `--scheduling-policy priority` (vLLM's convention)."""
     computed: int = 0
     emitted: int = 0
     scheduled: float = math.nan
     first_token: float = math.nan
     finish: float = math.nan
     preemptions: int = 0
+    blocks: int = 0
+    """KV blocks it holds."""
     reserved_tokens: int = 0
-    """KV reserved in full at admission (static batching); 0 = grow block by block."""
-    group: int | None = None
-    """Static batch this request was admitted with; its KV is held until the whole batch is done."""
+    """KV reserved in full at admission (a padded batch); 0 = grow block by block."""
+    admitted: int = -1
+    """Admission number: the running set's order (each admission, re-admissions too, gets the next)."""
+    # The engine's bookkeeping while the request is one of the lazy decoders.
+    decode_key: int = 0
+    decode_epoch: int = 0
+    decode_since: int = 0
 
     @property
     def num_pending(self) -> int:
@@ -56,6 +68,7 @@ class RequestRecord(NamedTuple):
     first_token: float
     finish: float
     preemptions: int
+    priority: int
 
 
 @dataclass
@@ -71,6 +84,7 @@ class RequestColumns:
     first_token: np.ndarray
     finish: np.ndarray
     preemptions: np.ndarray
+    priority: np.ndarray
 
     def __len__(self) -> int:
         return len(self.arrival)
@@ -78,7 +92,7 @@ class RequestColumns:
     def __getitem__(self, i: int) -> RequestRecord:
         return RequestRecord(i, float(self.arrival[i]), int(self.prompt_tokens[i]), int(self.output_tokens[i]),
                              int(self.emitted[i]), float(self.scheduled[i]), float(self.first_token[i]),
-                             float(self.finish[i]), int(self.preemptions[i]))
+                             float(self.finish[i]), int(self.preemptions[i]), int(self.priority[i]))
 
     def __iter__(self) -> Iterator[RequestRecord]:
         return (self[i] for i in range(len(self)))
@@ -89,4 +103,4 @@ class RequestColumns:
             return np.array([getattr(r, name) for r in requests], dtype=dtype)
         return cls(column("arrival", np.float64), column("prompt_tokens", np.int64), column("output_tokens", np.int64),
                    column("emitted", np.int64), column("scheduled", np.float64), column("first_token", np.float64),
-                   column("finish", np.float64), column("preemptions", np.int64))
+                   column("finish", np.float64), column("preemptions", np.int64), column("priority", np.int64))

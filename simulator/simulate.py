@@ -1,42 +1,28 @@
-"""Run one simulation from a `RunConfig`: build the pieces, feed the workload, run the clock."""
+"""Run one simulation from a `RunConfig`: build the pieces, feed the workload, run the SimPy clock."""
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 
 import numpy as np
-import simpy
-from simpy.events import URGENT, Timeout
 
 from policies import build_policy
 from simulator.config import RunConfig
 from simulator.cost import CostModel, build_cost_model
-from simulator.engine import Server, StepLog
+from simulator.clock import Clock
 from simulator.errors import InputError
-from simulator.fast import run_fast, supports
 from simulator.hardware import GpuSpec, load_gpu
-from simulator.kv import BlockManager, activation_reserve_bytes, kv_capacity_blocks
+from simulator.kv import KVBlocks, activation_reserve_bytes, kv_capacity_blocks
 from simulator.model import ModelSpec, load_model
 from simulator.request import Request, RequestColumns
+from simulator.server import Process, Server
 from simulator.step import Policy
+from simulator.steplog import StepLog
 from workloads import Workload, read_trace, synthetic_workload
 
 DEFAULT_NUM_REQUESTS = 1000  # as `vllm bench serve --num-prompts`
-
-
-class ArrivalTimeout(Timeout):
-    """A timeout processed before any ordinary event at the same instant: a request arriving exactly
-    when a step ends is seen by the scheduler at that step boundary (both engines' rule)."""
-
-    def __init__(self, env: simpy.Environment, delay: float) -> None:
-        # Timeout.__init__ with URGENT for NORMAL (simpy inlines the same fields there).
-        self.env = env
-        self.callbacks = []
-        self._value = None
-        self._delay = delay
-        self._ok = True
-        env.schedule(self, URGENT, delay)
 
 
 @dataclass
@@ -58,6 +44,15 @@ class RunResult:
 
 
 def build_workload(config: RunConfig) -> Workload:
+    workload = _lengths_and_arrivals(config)
+    if config.priority_levels is not None:
+        # Its own stream from the seed (the fourth), so the lengths and arrivals stay as they were.
+        rng = np.random.default_rng(config.seed).spawn(4)[3]
+        workload = replace(workload, priority=rng.integers(0, config.priority_levels, workload.num_requests))
+    return workload
+
+
+def _lengths_and_arrivals(config: RunConfig) -> Workload:
     if config.trace is not None:
         return read_trace(config.trace, speed=config.trace_speed, limit=config.num_requests)
     num_requests = config.num_requests
@@ -111,9 +106,13 @@ def check_fits(workload: Workload, config: RunConfig, model: ModelSpec, kv_block
                              f"--max-num-batched-tokens {budget}: without chunking it can never be scheduled")
 
 
-def simulate(config: RunConfig, workload: Workload | None = None, cost: CostModel | None = None) -> RunResult:
-    """Run `config` on its own workload (or the one given) with its cost model (or the one given),
-    on the engine `config.engine` names: `fast` (the default) or the one-event-per-step `reference`."""
+Engine = Callable[[Policy, CostModel, int, int, Workload, float | None], tuple[RequestColumns, StepLog, float]]
+
+
+def simulate(config: RunConfig, workload: Workload | None = None, cost: CostModel | None = None,
+             engine: Engine | None = None) -> RunResult:
+    """Run `config` on its own workload (or the one given) with its cost model (or the one given);
+    `engine` replaces `run_engine` (the tests' oracle)."""
     model = load_model(config.model)
     gpu = load_gpu(config.gpu)
     policy = build_policy(config)
@@ -122,52 +121,49 @@ def simulate(config: RunConfig, workload: Workload | None = None, cost: CostMode
     kv_blocks = kv_cache_blocks(config, model, gpu, int(workload.prompt_tokens.max()))
     check_fits(workload, config, model, kv_blocks)
     cost = cost or build_cost_model(config, model, gpu)
-    if config.engine == "fast" and supports(policy):
-        outcome = run_fast(policy, cost, kv_blocks, config.block_size, workload, config.time_limit)
-    else:
-        outcome = run_reference(policy, cost, kv_blocks, config.block_size, workload, config.time_limit)
-    requests, log, end_time = outcome
-    # Only the measured-kernel model keeps these records; a roofline has no measured range to leave.
-    extrapolated = dict(getattr(cost, "extrapolated", {}))
-    notes = tuple(getattr(cost, "notes", ()))
+    requests, log, end_time = (engine or run_engine)(policy, cost, kv_blocks, config.block_size, workload, config.time_limit)
     return RunResult(config, model, gpu, kv_blocks, requests, log, workload.num_requests, end_time,
-                     extrapolated, notes)
+                     dict(cost.extrapolated), tuple(cost.notes))
 
 
-def run_reference(policy: Policy, cost: CostModel, kv_blocks: int, block_size: int, workload: Workload,
-                  time_limit: float | None) -> tuple[RequestColumns, StepLog, float]:
-    """The straightforward engine: a SimPy process per server, one event per step."""
-    env = simpy.Environment()
+def run_engine(policy: Policy, cost: CostModel, kv_blocks: int, block_size: int, workload: Workload,
+               time_limit: float | None) -> tuple[RequestColumns, StepLog, float]:
+    """One server in a SimPy environment, fed by an arrival process (open loop) or by clients that
+    send their next request when the last one finishes (closed loop)."""
+    env = Clock()
+    log = StepLog()
     requests: list[Request] = []
     prompts = workload.prompt_tokens.tolist()
     outputs = workload.output_tokens.tolist()
+    priorities = workload.priority.tolist() if workload.priority is not None else [0] * workload.num_requests
 
     def make_request(arrival: float) -> Request:
         i = len(requests)
-        request = Request(i, arrival, prompts[i], outputs[i])
+        request = Request(i, arrival, prompts[i], outputs[i], priorities[i])
         requests.append(request)
         return request
 
     if workload.arrival is None:
-        def next_client(_finished: Request) -> None:
+        def next_client(_finished: Request, at: float) -> None:
             if len(requests) < workload.num_requests:
-                server.submit(make_request(env.now))
+                server.submit(make_request(at), at)
 
-        server = Server(env, policy, cost, BlockManager(kv_blocks, block_size), on_finish=next_client)
+        server = Server(env, policy, cost, KVBlocks(kv_blocks, block_size), log, time_limit, on_finish=next_client)
         assert workload.concurrency is not None
         for _ in range(min(workload.concurrency, workload.num_requests)):
             server.submit(make_request(0.0))
     else:
-        server = Server(env, policy, cost, BlockManager(kv_blocks, block_size))
+        server = Server(env, policy, cost, KVBlocks(kv_blocks, block_size), log, time_limit)
         arrivals = workload.arrival.tolist()
 
-        def arrive():  # type: ignore[no-untyped-def]
+        def arrive() -> Process:
             for t in arrivals:
                 if t > env.now:
-                    yield ArrivalTimeout(env, t - env.now)
+                    yield env.arrival_timeout(t - env.now)
                 server.submit(make_request(t))
 
         env.process(arrive())
 
     env.run(until=time_limit)
-    return RequestColumns.from_requests(requests), server.log, env.now
+    server.close()
+    return RequestColumns.from_requests(requests), log, env.now

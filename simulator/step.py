@@ -1,47 +1,100 @@
 """The contract between the engine and a scheduling policy.
 
-Before every forward pass the engine hands the policy a read-only `EngineView`; the policy returns
-a `Step` saying which requests advance by how many tokens. The engine alone mutates state,
-allocates KV (preempting when a running request cannot grow) and checks invariants.
+Before a forward pass the engine hands the policy a read-only `View` and the policy returns a `Step`
+saying which requests advance by how many tokens. The engine alone mutates state: it admits, allocates
+KV blocks (preempting when a running request cannot grow), charges the step's cost and advances the
+requests. A policy never enumerates the running decoders one by one: they are an aggregate
+(`num_decoding`, `decode_blocks`) that runs as a whole (`Step.decode`), which is what keeps a step
+O(1) however large the batch.
+
+Writing a policy (a callable `policy(view) -> Step`, one module under `policies/` plus one line in
+its registry):
+
+- `view.waiting` iterates the waiting queue in the order the policy's `scheduling` names ("fcfs":
+  arrival order, preempted requests first; "priority": by (priority, arrival)). Naming a waiting
+  request in `Step.tokens` admits it. Admissions must fit the free KV blocks the policy can see:
+  `view.kv.num_free`, less `view.decode_blocks` when the decoders run, less what running prompts'
+  chunks need (`view.kv.extra_blocks(request, request.computed + n)`).
+- `view.prefilling` lists the running requests with prompt (or recomputation) left, in admission
+  order; each may be given up to `request.num_pending` tokens.
+- `Step(decode=True)` runs every decoder for one token. When the order of the running set matters
+  (a token budget that runs out among running requests), `view.running()` hands over the whole
+  running set in admission order (O(batch)); the policy then names every request that computes,
+  decoders with 1 token, and leaves `decode` False.
+- `Step(batch=PaddedBatch(...))` makes the admitted requests one padded batch: each row computed as
+  `prompt_len` long, KV reserved for `reserve_tokens` per row at admission, and every row (finished
+  ones as padding) kept until the last member finishes. While it runs, `Step(decode=True)` prices
+  all its rows.
+- An empty step sleeps until the next arrival or `wake_at`.
+
+A decode-only step (only `decode`, nothing admitted) may be repeated by the engine without asking
+the policy again until something changes: an arrival, a finish, a KV block shortfall, the time
+limit. A policy must therefore decide from the state the view shows, and return the same decode-only
+step when only the decoders' contexts have grown and free blocks have shrunk; time-dependent policies
+say when to look again through `wake_at`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Literal, Protocol
 
-from simulator.kv import BlockManager
+from simulator.kv import KVBlocks
 from simulator.request import Request
+
+Scheduling = Literal["fcfs", "priority"]
+
+
+@dataclass(frozen=True)
+class PaddedBatch:
+    """The step's admissions form one batch padded to `prompt_len`, with `reserve_tokens` of KV each."""
+
+    prompt_len: int
+    reserve_tokens: int
 
 
 @dataclass(frozen=True)
 class Step:
-    """One forward pass as a policy plans it.
+    """One forward pass as a policy plans it (see the module docstring)."""
 
-    `tokens` maps each request to the tokens it computes, running requests first; a waiting
-    request named here is admitted (FCFS is the policy's business). `cost_rows` (new tokens,
-    context after the step) replaces the rows the cost model sees, for policies that pad.
-    `reserve` reserves KV in full at admission and ties the admitted requests into one group
-    whose KV is held until all of them finish. An empty step with `wake_at` sleeps until that
-    time or the next arrival.
-    """
-
-    tokens: Mapping[Request, int] = field(default_factory=dict)
-    cost_rows: Sequence[tuple[int, int]] | None = None
-    reserve: Mapping[Request, int] | None = None
+    tokens: dict[Request, int] = field(default_factory=dict)
+    decode: bool = False
+    batch: PaddedBatch | None = None
     wake_at: float | None = None
 
 
-class EngineView(Protocol):
+class WaitingQueue(Protocol):
+    def __iter__(self) -> Iterable[Request]: ...
+    def __len__(self) -> int: ...
+    def first(self) -> Request: ...
+
+
+class View(Protocol):
+    """What a policy may read before a step."""
+
     @property
     def now(self) -> float: ...
     @property
-    def waiting(self) -> Sequence[Request]: ...
+    def waiting(self) -> WaitingQueue: ...
     @property
-    def running(self) -> Sequence[Request]: ...
+    def prefilling(self) -> Sequence[Request]: ...
     @property
-    def kv(self) -> BlockManager: ...
+    def num_decoding(self) -> int: ...
+    @property
+    def decode_blocks(self) -> int:
+        """KV blocks the decoders need to run one more step."""
+    @property
+    def num_running(self) -> int:
+        """Running requests, a padded batch's finished rows included."""
+    @property
+    def kv(self) -> KVBlocks: ...
+    def is_youngest(self, request: Request) -> bool:
+        """Is this running request the most recently admitted one?"""
+    def running(self) -> Sequence[Request]:
+        """The whole running set in admission order, every decoder included (O(batch))."""
 
 
-Policy = Callable[[EngineView], Step]
+class Policy(Protocol):
+    scheduling: Scheduling
+    def __call__(self, view: View) -> Step: ...

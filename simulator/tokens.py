@@ -10,33 +10,73 @@ next one are counted one by one.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from pathlib import Path
+
 import numpy as np
 import polars as pl
+import pyarrow.parquet as pq
 
-from simulator.engine import StepLog
+from simulator.steplog import StepLog
 
 
 def step_ends(log: StepLog) -> np.ndarray:
     return log.column("start") + log.column("duration")
 
 
-def tokens_table(log: StepLog) -> pl.DataFrame:
-    """One row per output token: request_id, index (0-based, per request), time (end of its step)."""
-    lazy_step = log.column("lazy_step")
+ROWS_PER_CHUNK = 1 << 21
+"""Rows of the tokens table built at a time: bounded memory whatever the run's size."""
+TOKENS_SCHEMA = {"request_id": pl.Int64, "index": pl.Int64, "time": pl.Float64}
+
+
+def token_chunks(log: StepLog, rows_per_chunk: int = ROWS_PER_CHUNK) -> Iterator[pl.DataFrame]:
+    """The tokens table, one row per output token (request_id, index 0-based per request, time = end
+    of its step), sorted by request and index, in chunks of whole requests of about `rows_per_chunk`
+    rows: singles and runs are sorted by request once, and each chunk expands only its own runs."""
+    end, lazy_step = step_ends(log), log.column("lazy_step")
+    single_request, single_step = log.column("token_request"), log.column("token_step")
     run_request, run_first, run_count = log.column("run_request"), log.column("run_first"), log.column("run_count")
-    total = int(run_count.sum())
-    offsets = np.arange(total, dtype=np.int64) - np.repeat(np.cumsum(run_count) - run_count, run_count)
-    steps = np.concatenate([log.column("token_step"), lazy_step[np.repeat(run_first, run_count) + offsets]])
-    requests = np.concatenate([log.column("token_request"), np.repeat(run_request, run_count)])
-    order = np.lexsort((steps, requests))
-    requests, steps = requests[order], steps[order]
-    first_of_request = np.r_[True, requests[1:] != requests[:-1]] if len(requests) else np.zeros(0, bool)
-    group_start = np.maximum.accumulate(np.where(first_of_request, np.arange(len(requests)), 0))
-    return pl.DataFrame({
-        "request_id": requests,
-        "index": (np.arange(len(requests)) - group_start).astype(np.int64),
-        "time": step_ends(log)[steps],
-    })
+    by_request = np.argsort(single_request, kind="stable")  # singles are logged in step order
+    single_request, single_step = single_request[by_request], single_step[by_request]
+    by_request = np.argsort(run_request, kind="stable")  # and a request's runs in time order
+    run_request, run_first, run_count = run_request[by_request], run_first[by_request], run_count[by_request]
+    num_requests = int(max(single_request.max(initial=-1), run_request.max(initial=-1))) + 1
+    per_request = (np.bincount(single_request, minlength=num_requests)
+                   + np.bincount(run_request, weights=run_count, minlength=num_requests).astype(np.int64))
+    cumulative = np.cumsum(per_request)
+    lo = 0
+    while lo < num_requests:
+        base = int(cumulative[lo - 1]) if lo else 0
+        hi = max(lo + 1, int(np.searchsorted(cumulative, base + rows_per_chunk, side="right")))
+        hi = min(hi, num_requests)
+        s0, s1 = np.searchsorted(single_request, [lo, hi])
+        r0, r1 = np.searchsorted(run_request, [lo, hi])
+        counts = run_count[r0:r1]
+        offsets = np.arange(int(counts.sum()), dtype=np.int64) - np.repeat(np.cumsum(counts) - counts, counts)
+        steps = np.concatenate([single_step[s0:s1], lazy_step[np.repeat(run_first[r0:r1], counts) + offsets]])
+        requests = np.concatenate([single_request[s0:s1], np.repeat(run_request[r0:r1], counts)])
+        order = np.lexsort((steps, requests))
+        requests, steps = requests[order], steps[order]
+        first_of_request = np.r_[True, requests[1:] != requests[:-1]] if len(requests) else np.zeros(0, bool)
+        group_start = np.maximum.accumulate(np.where(first_of_request, np.arange(len(requests)), 0))
+        yield pl.DataFrame({"request_id": requests.astype(np.int64),
+                            "index": (np.arange(len(requests)) - group_start).astype(np.int64),
+                            "time": end[steps]}, schema=TOKENS_SCHEMA)
+        lo = hi
+
+
+def tokens_table(log: StepLog) -> pl.DataFrame:
+    """The whole tokens table in memory (see `token_chunks`; `write_tokens` streams it to a file)."""
+    chunks = list(token_chunks(log))
+    return pl.concat(chunks) if chunks else pl.DataFrame(schema=TOKENS_SCHEMA)
+
+
+def write_tokens(log: StepLog, path: Path, metadata: dict[bytes, bytes]) -> None:
+    """The tokens table as Parquet, one row group per chunk: memory stays bounded however many rows."""
+    schema = pl.DataFrame(schema=TOKENS_SCHEMA).to_arrow().schema.with_metadata(metadata)
+    with pq.ParquetWriter(path, schema) as writer:
+        for chunk in token_chunks(log):
+            writer.write_table(chunk.to_arrow().replace_schema_metadata(metadata))
 
 
 def itl_histogram(log: StepLog, keep: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:

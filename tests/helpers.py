@@ -28,9 +28,15 @@ class UnitCost:
     def __init__(self) -> None:
         self.shapes: list[StepShape] = []
 
+    extrapolated: dict[str, int] = {}  # noqa: RUF012 (never written)
+    notes: tuple[str, ...] = ()
+
     def step_time(self, shape: StepShape) -> float:
         self.shapes.append(shape)
         return 1.0
+
+    def decode_step_times(self, num_seqs: int, contexts: np.ndarray) -> np.ndarray:
+        return np.array([self.step_time(StepShape(num_seqs, num_seqs, int(c))) for c in contexts])
 
 
 def run(policy: str, arrivals: list[float], prompts: list[int], outputs: list[int], **settings: object

@@ -1,8 +1,8 @@
-"""The fast engine against the reference engine: identical tables, to the last bit.
+"""The engine against the test oracle (tests/oracle.py): identical tables, to the last bit.
 
 Every comparison is `DataFrame.equals` on the requests, tokens and steps tables (float columns
 compared exactly, NaN/null in the same places), plus the summary and the end of the clock. Nothing
-in the fast engine may sum floats in another order than the reference does, so nothing here has a
+in the engine may sum floats in another order than the oracle does, so nothing here has a
 tolerance. The random cases are test_properties' (every policy, open and closed loop, squeezed KV
 so preemption happens, tight budgets and sequence limits, ties between arrivals and step ends),
 with a time limit half of the time and sometimes a unit (1 s) step cost, which puts every step end
@@ -21,9 +21,10 @@ import pytest
 from helpers import AZURE, UnitCost, needs_azure
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from oracle import run_oracle
 from test_properties import SETTINGS, cases
 
-from simulator import fast
+from simulator import stretch
 from simulator.config import RunConfig
 from simulator.cost import RooflineCost, StepShape
 from simulator.errors import InputError
@@ -35,16 +36,16 @@ from simulator.tokens import describe_histogram
 from workloads import Workload
 
 # Raise for a deeper search: SERVESIM_ENGINE_EXAMPLES=2000 python -m pytest tests/test_engines.py
-ENGINE_EXAMPLES = int(os.environ.get("SERVESIM_ENGINE_EXAMPLES", "150"))
+ENGINE_EXAMPLES = int(os.environ.get("SERVESIM_ENGINE_EXAMPLES", "120"))
+POLICIES = ["static", "continuous", "chunked", "priority"]
 
 
 def both(config: RunConfig, workload: Workload | None = None, cost: type | None = None) -> list[Any]:
-    """(tables, summary, end time) from each engine, or the error each raised."""
+    """(tables, summary, end time) from the oracle and the engine, or the error each raised."""
     outcomes: list[Any] = []
-    for engine in ("reference", "fast"):
+    for engine in (run_oracle, None):
         try:
-            result = simulate(replace(config, engine=engine), workload,
-                              cost() if cost is not None else None)  # type: ignore[arg-type]
+            result = simulate(config, workload, cost() if cost is not None else None, engine)
         except InputError as error:
             outcomes.append((type(error), str(error)))
             continue
@@ -55,37 +56,37 @@ def both(config: RunConfig, workload: Workload | None = None, cost: type | None 
 
 def assert_identical(config: RunConfig, workload: Workload | None = None, cost: type | None = None,
                      may_fail: bool = False) -> dict[str, Any]:
-    """Both engines' outcomes are the same; a run that errs must err identically, and is only
-    allowed to when `may_fail` (random cases)."""
-    reference, fast = both(config, workload, cost)
-    if isinstance(reference[0], type):
-        assert fast == reference  # the same error, word for word
-        assert may_fail, f"both engines raised {reference}"
+    """Both outcomes are the same; a run that errs must err identically, and is only allowed to
+    when `may_fail` (random cases)."""
+    oracle, engine = both(config, workload, cost)
+    if isinstance(oracle[0], type):
+        assert engine == oracle  # the same error, word for word
+        assert may_fail, f"both raised {oracle}"
         return {}
     for name in ("requests", "tokens", "steps"):
-        ours, theirs = getattr(fast[0], name), getattr(reference[0], name)
+        ours, theirs = getattr(engine[0], name), getattr(oracle[0], name)
         assert ours.equals(theirs), f"{name} differ:\n{ours}\n{theirs}"
-    for key, value in reference[1].items():
-        mine = fast[1][key]
+    for key, value in oracle[1].items():
+        mine = engine[1][key]
         assert mine == value or (isinstance(value, float) and math.isnan(value) and math.isnan(mine)), key
-    assert fast[2] == reference[2]
-    # The fast engine logs one single token per prefill completion, the rest as runs.
-    assert fast[3] <= reference[3]
-    return reference[1]
+    assert engine[2] == oracle[2]
+    # The engine logs one single token per prefill completion, the rest as runs.
+    assert engine[3] <= oracle[3]
+    return oracle[1]
 
 
-@pytest.mark.parametrize("run_min", [1, fast.RUN_MIN], ids=["every-run-numpy", "default-runs"])
-@pytest.mark.parametrize("policy", ["static", "continuous", "chunked"])
+@pytest.mark.parametrize("run_min", [1, stretch.RUN_MIN], ids=["every-stretch-as-arrays", "default-stretches"])
+@pytest.mark.parametrize("policy", POLICIES)
 @settings(SETTINGS, max_examples=ENGINE_EXAMPLES)
 @given(data=st.data(), limit=st.none() | st.floats(0.05, 0.95), unit_cost=st.booleans(), integer_times=st.booleans())
 def test_random_workloads(policy: str, run_min: int, data: st.DataObject, limit: float | None, unit_cost: bool,
                           integer_times: bool) -> None:
-    """`run_min` 1 sends every quiet stretch, however short, through the numpy runs."""
-    default, fast.RUN_MIN = fast.RUN_MIN, run_min
+    """`run_min` 1 prices every decode stretch, however short, as arrays."""
+    default, stretch.RUN_MIN = stretch.RUN_MIN, run_min
     try:
         check_random_case(policy, data, limit, unit_cost, integer_times)
     finally:
-        fast.RUN_MIN = default
+        stretch.RUN_MIN = default
 
 
 def check_random_case(policy: str, data: st.DataObject, limit: float | None, unit_cost: bool,
@@ -94,10 +95,15 @@ def check_random_case(policy: str, data: st.DataObject, limit: float | None, uni
     workload = case.workload
     if unit_cost and integer_times and workload.arrival is not None:
         workload = replace(workload, arrival=np.floor(workload.arrival * 1000 / max(1.0, workload.arrival[-1])))
+    if policy == "priority":
+        levels = data.draw(st.integers(1, 4))
+        workload = replace(workload, priority=np.array(
+            data.draw(st.lists(st.integers(0, levels - 1), min_size=workload.num_requests,
+                               max_size=workload.num_requests)), dtype=np.int64))
     config = case.config
     cost = UnitCost if unit_cost else None
     if limit is not None:
-        full = simulate(config, workload, cost() if cost else None)  # type: ignore[arg-type]
+        full = simulate(config, workload, cost() if cost else None)
         config = replace(config, time_limit=limit * full.end_time if full.end_time > 0 else 1.0)
     assert_identical(config, workload, cost, may_fail=True)
 
@@ -108,12 +114,13 @@ BENCHMARK = {
     "b-static-r12": dict(policy="static", rate=12.0),
     "b-continuous-r12": dict(policy="continuous", rate=12.0),
     "b-chunked-r12": dict(policy="chunked", rate=12.0),
+    "b-priority-r12": dict(policy="priority", rate=12.0, priority_levels=3),
 }
 
 
 @pytest.mark.parametrize("case", list(BENCHMARK))
 def test_benchmark_workloads(case: str) -> None:
-    summary = assert_identical(RunConfig(num_requests=2000, **BENCHMARK[case]))  # type: ignore[arg-type]
+    summary = assert_identical(RunConfig(num_requests=2000, **BENCHMARK[case]))
     assert summary["completed"] == 2000
     if case == "b-continuous-r12":
         assert summary["preemptions"] > 0  # overloaded: the exact (order-walking) path is exercised
@@ -132,7 +139,7 @@ def test_measured_cost_model() -> None:
     assert summary["cost_extrapolations"] > 0
 
 
-def test_fast_engine_keeps_runs_not_tokens() -> None:
+def test_engine_keeps_runs_not_tokens() -> None:
     """Memory grows with requests, not tokens: one single token (the first) per request, one run for
     the rest, in workload (a)."""
     result = simulate(RunConfig(policy="chunked", concurrency=64, num_requests=2000))
@@ -140,23 +147,6 @@ def test_fast_engine_keeps_runs_not_tokens() -> None:
     assert len(log.token_request) == 2000
     assert len(log.run_request) == 2000
     assert sum(log.run_count) + len(log.token_request) == 2000 * 300
-
-
-def test_an_unknown_policy_runs_on_the_reference_engine(monkeypatch: pytest.MonkeyPatch) -> None:
-    import policies
-    from policies.continuous import ContinuousBatching
-
-    class Subclassed(ContinuousBatching):
-        pass
-
-    monkeypatch.setitem(policies.POLICIES, "mine", lambda c: Subclassed(c.max_num_seqs, c.max_num_batched_tokens))
-    config = RunConfig(policy="mine", rate=12.0, num_requests=200)
-    result = simulate(config)
-    # Only the fast engine logs tokens as runs; the reference logs every token singly.
-    assert len(result.log.run_request) == 0 and len(result.log.token_request) == 200 * 300
-    assert len(simulate(replace(config, policy="continuous")).log.run_request) > 0
-    theirs = build_tables(simulate(replace(config, policy="continuous", engine="reference")))
-    assert build_tables(result).steps.equals(theirs.steps)
 
 
 @settings(max_examples=300, deadline=None)
@@ -187,7 +177,8 @@ def test_histogram_statistics_match_the_expanded_sample(values: list[float], cou
 
 
 def test_cost_type_is_respected() -> None:
-    """A cost model the test owns is the one both engines call, step by step."""
+    """A cost model the test owns is the one both engines call, step by step (its array form is
+    UnitCost's, which prices through `step_time`)."""
     counted: list[int] = []
 
     class Counting(UnitCost):
@@ -196,7 +187,7 @@ def test_cost_type_is_respected() -> None:
             return 0.5
 
     config = RunConfig(policy="chunked", rate=20.0, num_requests=50, input_len=100, output_len=20)
-    reference, fast = both(config, None, Counting)
-    assert reference[0].steps["duration"].unique().to_list() == [0.5]
-    assert fast[0].steps.equals(reference[0].steps)
-    assert len(counted) == 2 * reference[0].steps.height
+    oracle, engine = both(config, None, Counting)
+    assert oracle[0].steps["duration"].unique().to_list() == [0.5]
+    assert engine[0].steps.equals(oracle[0].steps)
+    assert len(counted) == 2 * oracle[0].steps.height

@@ -35,6 +35,8 @@ class Workload:
     output_tokens: npt.NDArray[np.int64]
     arrival: npt.NDArray[np.float64] | None
     concurrency: int | None
+    priority: npt.NDArray[np.int64] | None = None
+    """Per request, lower first under the priority policy; None = all 0."""
 
     def __post_init__(self) -> None:
         prompt = _check_column("prompt_tokens", self.prompt_tokens, np.int64)
@@ -50,6 +52,8 @@ class Workload:
                 raise InputError(
                     f"workload {name} must be >= 1, got {column[bad[0]]} for request {bad[0]}"
                 )
+        if self.priority is not None and len(_check_column("priority", self.priority, np.int64)) != n:
+            raise InputError(f"workload has {n} requests but {len(self.priority)} priorities")
         if (self.arrival is None) == (self.concurrency is None):
             raise InputError(
                 "workload needs exactly one of arrival times (open loop) "

@@ -1,0 +1,39 @@
+"""The SimPy environment the engine runs in, with the two kinds of timeout it needs.
+
+- `timeout_at(t)`: a timeout that fires at exactly `t`. A server that prices k steps at once
+  computes their ends as the same sequence of additions k one-step timeouts would have made, and
+  must land on those bits; `env.timeout(t - now)` lands on `now + (t - now)`, which need not be `t`.
+- `arrival_timeout(delay)`: processed before any ordinary event at the same instant, so a request
+  arriving exactly when a step ends is seen by the scheduler at that step boundary.
+"""
+
+from __future__ import annotations
+
+from heapq import heappush
+
+import simpy
+from simpy.events import NORMAL, URGENT, Timeout
+
+
+class _At(Timeout):
+    def __init__(self, env: Clock, at: float, priority: int) -> None:
+        # Timeout.__init__ without the relative delay (simpy inlines the same fields there).
+        self.env = env
+        self.callbacks = []
+        self._value = None
+        self._delay = at - env.now
+        self._ok = True
+        env.schedule_at(self, priority, at)
+
+
+class Clock(simpy.Environment):
+    def schedule_at(self, event: simpy.Event, priority: int, at: float) -> None:
+        """`schedule` at an absolute time (simpy's own heap entry, with `at` for `now + delay`)."""
+        assert at >= self.now, f"cannot schedule at {at}, before now ({self.now})"
+        heappush(self._queue, (at, priority, next(self._eid), event))  # type: ignore[attr-defined]
+
+    def timeout_at(self, at: float) -> Timeout:
+        return _At(self, at, NORMAL)
+
+    def arrival_timeout(self, delay: float) -> Timeout:
+        return _At(self, self.now + delay, URGENT)

@@ -1,0 +1,130 @@
+"""A decode-only step priced for the k steps it repeats until the next event, as one SimPy timeout.
+
+The stretch ends at the first of: the step in which the next decoder finishes (a padded batch: its
+last member; its other members finish inside the stretch but hold their rows), the last step whose
+KV blocks fit, the last step ending before the time limit, the step during which the clock's next
+event (an arrival: `env.peek()`) or the policy's `wake_at` falls (a padded batch admits nobody, so
+arrivals do not end its stretch). Steps are priced one by one for short stretches and as arrays
+(`CostModel.decode_step_times`, the same float operations elementwise) for long ones; step ends are
+a sequential cumulative sum, the same additions one timeout per step would make, so the results are
+those of a step-by-step engine to the last bit (tests/oracle.py).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from simulator.cost import StepShape
+from simulator.server import Process, Server
+
+RUN_MIN, RUN_MAX = 32, 4096
+"""Stretches at least this long are priced as arrays, at most this many steps at a time."""
+
+
+def step_ends(start: float, durations: np.ndarray) -> np.ndarray:
+    """Ends of consecutive steps from `start`, added in sequence (the same bits as step by step)."""
+    return np.cumsum(np.concatenate(([start], durations)))[1:]  # type: ignore[no-any-return]
+
+
+def decode_stretch(server: Server, wake_at: float | None) -> Process:
+    decoders, kv, batch, env = server.decoders, server.kv, server.batch, server.env
+    steps0 = decoders.steps
+    if batch is not None:
+        rows = len(batch.members)
+        position0 = batch.position(steps0)
+        context0, per_step = rows * position0, rows
+        horizon = math.inf  # nobody joins a padded batch
+        last = decoders.next_finish() if batch.live == 1 else max(
+            s for s, _ in decoders.finish_steps(1 << 62))
+        growing = False
+    else:
+        rows = decoders.count
+        context0, per_step = decoders.decode_context, rows
+        horizon = env.peek()
+        last = decoders.next_finish()
+        growing = True
+    if wake_at is not None:
+        horizon = min(horizon, wake_at)
+    limit = server.limit
+    k_max = min(last - steps0, RUN_MAX)
+    first = server.cost.step_time(StepShape(rows, rows, context0))
+    stop = min(horizon, limit)
+    estimate = k_max if stop == math.inf else min(k_max, int((stop - server.clock) / first) + 1)
+    if estimate >= RUN_MIN:
+        durations, ends, used = _array(server, rows, context0, per_step, estimate, growing, horizon)
+    else:
+        durations, ends, used = _scalar(server, rows, context0, per_step, k_max, growing, horizon, first)
+    k = len(ends)
+    if k == 0:  # the first step ends past the time limit: the clock stops during it
+        yield env.timeout_at(server.clock + first)
+        return
+    server.submitted.clear()
+    waiting0, kv_used0, running0 = len(server.waiting), kv.num_used, server.num_running
+    live0 = decoders.count
+    finishing = decoders.finish_steps(steps0 + k)
+    end = float(ends[-1])
+    if finishing or end >= env.peek():
+        yield env.timeout_at(end)
+    start = server.clock
+    # Commit the k steps.
+    log = server.log
+    index0 = len(log)
+    decoders.steps += k
+    kv.num_free -= int(used[-1]) if growing else 0
+    log.lazy_step.frombytes(np.arange(index0, index0 + k, dtype=np.int32).tobytes())
+    finish_steps = np.array([s for s, _ in finishing], dtype=np.int64)
+    for step, request in finishing:
+        server.finish(request, float(ends[step - steps0 - 1]), step)
+    offsets = np.arange(k, dtype=np.int64)
+    live = live0 - np.searchsorted(finish_steps, steps0 + offsets, side="right")
+    submitted = np.sort(np.asarray(server.submitted, dtype=np.float64))
+    num_waiting = waiting0 + np.searchsorted(submitted, ends, side="right")
+    kv_used = kv_used0 + (used if growing else 0) + np.zeros(k, dtype=np.int64)
+    num_running = np.full(k, running0, dtype=np.int64)
+    kv_used[-1], num_running[-1] = kv.num_used, server.num_running
+    starts = np.concatenate(([start], ends[:-1]))
+    log.extend(starts, durations, {"num_seqs": live, "decode_tokens": live, "padded_tokens": rows - live,
+                                   "kv_blocks_used": kv_used, "num_waiting": num_waiting,
+                                   "num_running": num_running})
+    server.clock = end
+
+
+def _array(server: Server, rows: int, context0: int, per_step: int, k: int, growing: bool, horizon: float
+           ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    offsets = np.arange(k, dtype=np.int64)
+    used = np.cumsum(server.decoders.blocks_needed_ahead(k)) if growing else np.zeros(k, dtype=np.int64)
+    if growing:
+        k = min(k, int(np.searchsorted(used, server.kv.num_free, side="right")))
+    durations = server.cost.decode_step_times(rows, context0 + per_step * offsets[:k])
+    ends = step_ends(server.clock, durations)
+    k = min(k, int(np.searchsorted(ends, server.limit, side="left")),
+            int(np.searchsorted(ends, horizon, side="left")) + 1)
+    return durations[:k], ends[:k], used[:k]
+
+
+def _scalar(server: Server, rows: int, context0: int, per_step: int, k_max: int, growing: bool, horizon: float,
+            first: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    step_time, blocks_needed = server.cost.step_time, server.decoders.blocks_needed
+    free, limit = server.kv.num_free, server.limit
+    durations: list[float] = []
+    ends: list[float] = []
+    used: list[int] = []
+    t, total = server.clock, 0
+    for j in range(k_max):
+        need = blocks_needed(j) if growing else 0
+        if total + need > free:
+            break
+        duration = first if j == 0 else step_time(StepShape(rows, rows, context0 + per_step * j))
+        end = t + duration
+        if end >= limit:
+            break
+        total += need
+        durations.append(duration)
+        ends.append(end)
+        used.append(total)
+        t = end
+        if end >= horizon:
+            break
+    return np.array(durations), np.array(ends), np.array(used, dtype=np.int64)

@@ -1,0 +1,258 @@
+"""The test oracle: the straightforward engine, one SimPy event per step, every request touched.
+
+It serves the same policies through the same view (`simulator.step`), computing every view property
+by walking the running set, and carries out each step literally: the running rows in admission order
+(the decoders with one token each), each growing its KV and, when it cannot, preempting the victim
+(most recently admitted, or the lowest-priority latest arrival) until it can or is itself the victim;
+then the admissions; then one timeout for the step. `simulator.server` must give the same tables to
+the last bit (tests/test_engines.py).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Generator, Sequence
+from typing import Any
+
+import simpy
+from simpy.events import URGENT, Timeout
+
+from simulator.cost import CostModel, StepShape
+from simulator.kv import KVBlocks
+from simulator.request import Request, RequestColumns
+from simulator.server import PolicyError, PolicyStalledError
+from simulator.step import Policy, Step
+from simulator.steplog import StepLog
+from workloads import Workload
+
+
+class ArrivalTimeout(Timeout):
+    """Processed before ordinary events at the same instant (an arrival at a step's end is seen then)."""
+
+    def __init__(self, env: simpy.Environment, delay: float) -> None:
+        self.env = env
+        self.callbacks = []
+        self._value = None
+        self._delay = delay
+        self._ok = True
+        env.schedule(self, URGENT, delay)
+
+
+class Waiting:
+    """The waiting queue: FCFS (preempted first) or sorted by (priority, arrival, id)."""
+
+    def __init__(self, priority: bool) -> None:
+        self.items: list[Request] = []
+        self.priority = priority
+
+    def __iter__(self) -> Any:
+        return iter(self.items)
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def first(self) -> Request:
+        return self.items[0]
+
+    def push(self, request: Request, front: bool = False) -> None:
+        if front and not self.priority:
+            self.items.insert(0, request)
+        else:
+            self.items.append(request)
+        if self.priority:
+            self.items.sort(key=lambda r: (r.priority, r.arrival, r.id))
+
+
+class OracleServer:
+    def __init__(self, env: simpy.Environment, policy: Policy, cost: CostModel, kv: KVBlocks,
+                 on_finish: Callable[[Request, float], None] | None = None) -> None:
+        self.env, self.policy, self.cost, self.kv, self.on_finish = env, policy, cost, kv, on_finish
+        self.waiting = Waiting(policy.scheduling == "priority")
+        self.run_list: list[Request] = []  # admission order; a padded batch's finished rows stay
+        self.batch: list[Request] | None = None
+        self.batch_prompt = 0
+        self.log = StepLog()
+        self._wakeup = simpy.Store(env)
+        self._sleeping = False
+        self.process = env.process(self._serve())
+
+    # The view, every property computed by walking.
+    @property
+    def now(self) -> float:
+        return self.env.now
+
+    @property
+    def prefilling(self) -> Sequence[Request]:
+        return [r for r in self.run_list if not r.is_decoding and not r.is_finished]
+
+    @property
+    def num_decoding(self) -> int:
+        return sum(1 for r in self.run_list if r.is_decoding and not r.is_finished)
+
+    @property
+    def decode_blocks(self) -> int:
+        return sum(self.kv.extra_blocks(r, r.computed + 1) for r in self.run_list
+                   if r.is_decoding and not r.is_finished and not r.reserved_tokens)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.run_list)
+
+    def is_youngest(self, request: Request) -> bool:
+        return self.run_list[-1] is request
+
+    def running(self) -> Sequence[Request]:
+        return list(self.run_list)
+
+    def submit(self, request: Request) -> None:
+        self.waiting.push(request)
+        if self._sleeping:
+            self._sleeping = False
+            self._wakeup.put(request.id)
+
+    def _serve(self) -> Generator[simpy.Event, Any, None]:
+        while True:
+            step = self.policy(self)
+            rows = [(r, 1 if r.is_decoding and step.decode else step.tokens[r]) for r in self.run_list
+                    if (step.decode and r.is_decoding and not r.is_finished) or r in step.tokens]
+            admits = [(r, n) for r, n in step.tokens.items() if r not in self.run_list]
+            if not rows and not admits:
+                if step.wake_at is None and (self.waiting.items or self.run_list):
+                    raise PolicyStalledError(
+                        f"the policy scheduled nothing at t={self.env.now:.6f} s while {len(self.waiting)} requests "
+                        f"waited and {len(self.run_list)} ran")
+                self._sleeping = True
+                get = self._wakeup.get()
+                if step.wake_at is None:
+                    yield get
+                else:
+                    yield get | self.env.timeout(step.wake_at - self.env.now)
+                    if not get.triggered:
+                        get.cancel()
+                self._sleeping = False
+                continue
+            num_preempted = self._allocate(rows)
+            for request, n in admits:
+                self._admit(request, n, step)
+            all_rows = rows + admits
+            if step.batch is not None:
+                self.batch, self.batch_prompt = [r for r, _ in admits], step.batch.prompt_len
+                shape = StepShape.from_rows([(self.batch_prompt, self.batch_prompt)] * len(admits))
+            elif self.batch is not None:
+                live = [r for r in self.batch if not r.is_finished]
+                position = self.batch_prompt + live[0].emitted
+                shape = StepShape.from_rows([(1, position)] * len(self.batch))
+            else:
+                shape = StepShape.from_rows([(n, r.computed + n) for r, n in all_rows])
+            start = self.env.now
+            duration = self.cost.step_time(shape)
+            yield self.env.timeout(duration)
+            self._advance(all_rows, start, duration, shape, num_preempted)
+
+    def _allocate(self, rows: list[tuple[Request, int]]) -> int:
+        num_preempted = 0
+        dropped: set[Request] = set()
+        for request, n in rows:
+            if request in dropped:
+                continue
+            while self.kv.extra_blocks(request, max(request.computed + n, request.reserved_tokens)) > self.kv.num_free:
+                victim = self._victim()
+                self.run_list.remove(victim)
+                self.kv.release(victim)
+                victim.computed = 0
+                victim.preemptions += 1
+                self.waiting.push(victim, front=True)
+                dropped.add(victim)
+                num_preempted += 1
+                if victim is request:
+                    break
+            else:
+                self.kv.grow(request, request.computed + n)
+        rows[:] = [(r, n) for r, n in rows if r not in dropped]
+        return num_preempted
+
+    def _victim(self) -> Request:
+        if self.waiting.priority:
+            return max(self.run_list, key=lambda r: (r.priority, r.arrival))
+        return self.run_list[-1]
+
+    def _admit(self, request: Request, n: int, step: Step) -> None:
+        if request not in self.waiting.items:
+            raise PolicyError(f"request {request.id} is neither waiting nor running")
+        self.waiting.items.remove(request)
+        needed = request.computed + n
+        if step.batch is not None:
+            request.reserved_tokens = step.batch.reserve_tokens
+            needed = max(needed, request.reserved_tokens)
+        self.kv.grow(request, needed)
+        if math.isnan(request.scheduled):
+            request.scheduled = self.env.now
+        self.run_list.append(request)
+
+    def _advance(self, rows: list[tuple[Request, int]], start: float, duration: float, shape: StepShape,
+                 num_preempted: int) -> None:
+        now, log = self.env.now, self.log
+        index = len(log)
+        decode = sum(1 for r, _ in rows if r.is_decoding)
+        for request, n in rows:
+            request.computed += n
+            if request.num_pending == 0:
+                request.emitted += 1
+                log.token_request.append(request.id)
+                log.token_step.append(index)
+                if request.emitted == 1:
+                    request.first_token = now
+                if request.is_finished:
+                    request.finish = now
+                    self._finish(request)
+        real = sum(n for _, n in rows)
+        log.append(start, duration, len(rows), real - decode, decode, shape.num_tokens - real, self.kv.num_used,
+                   len(self.waiting), len(self.run_list), num_preempted)
+
+    def _finish(self, request: Request) -> None:
+        if self.batch is None:
+            self.run_list.remove(request)
+            self.kv.release(request)
+        elif all(r.is_finished for r in self.batch):
+            for member in self.batch:
+                self.run_list.remove(member)
+                self.kv.release(member)
+            self.batch = None
+        if self.on_finish is not None:
+            self.on_finish(request, self.env.now)
+
+
+def run_oracle(policy: Policy, cost: CostModel, kv_blocks: int, block_size: int, workload: Workload,
+               time_limit: float | None) -> tuple[RequestColumns, StepLog, float]:
+    env = simpy.Environment()
+    requests: list[Request] = []
+    priorities = workload.priority.tolist() if workload.priority is not None else [0] * workload.num_requests
+
+    def make_request(arrival: float) -> Request:
+        i = len(requests)
+        requests.append(Request(i, arrival, int(workload.prompt_tokens[i]), int(workload.output_tokens[i]),
+                                priorities[i]))
+        return requests[-1]
+
+    if workload.arrival is None:
+        def next_client(_finished: Request, at: float) -> None:
+            if len(requests) < workload.num_requests:
+                server.submit(make_request(at))
+
+        server = OracleServer(env, policy, cost, KVBlocks(kv_blocks, block_size), on_finish=next_client)
+        assert workload.concurrency is not None
+        for _ in range(min(workload.concurrency, workload.num_requests)):
+            server.submit(make_request(0.0))
+    else:
+        server = OracleServer(env, policy, cost, KVBlocks(kv_blocks, block_size))
+
+        def arrive() -> Generator[simpy.Event, Any, None]:
+            for t in workload.arrival.tolist():  # type: ignore[union-attr]
+                if t > env.now:
+                    yield ArrivalTimeout(env, t - env.now)
+                server.submit(make_request(t))
+
+        env.process(arrive())
+
+    env.run(until=time_limit)
+    return RequestColumns.from_requests(requests), server.log, env.now

@@ -1,0 +1,144 @@
+"""One engine: SimPy drives every run, every policy runs through the same contract, the priority
+policy behaves as vLLM's, and the tokens table streams in bounded chunks."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import sys
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import pytest
+from helpers import UnitCost
+
+import policies
+from simulator.clock import Clock
+from simulator.config import RunConfig
+from simulator.metrics import build_tables
+from simulator.simulate import simulate
+from simulator.tokens import token_chunks, tokens_table, write_tokens
+from workloads import Workload
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def load_copy(module: str, name: str) -> object:
+    """A fresh copy of a built-in policy module, imported under another name."""
+    spec = importlib.util.spec_from_file_location(name, ROOT / "policies" / f"{module}.py")
+    assert spec is not None and spec.loader is not None
+    copy = importlib.util.module_from_spec(spec)
+    sys.modules[name] = copy
+    spec.loader.exec_module(copy)
+    return copy
+
+
+@pytest.mark.parametrize("module", ["chunked", "continuous", "static", "priority"])
+def test_a_copied_policy_module_gives_identical_tables(module: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    copy = load_copy(module, f"copied_{module}")
+    monkeypatch.setitem(policies.POLICIES, "copy", copy.build)  # type: ignore[attr-defined]
+    config = RunConfig(policy=module, rate=14.0, num_requests=300, input_len_dist="uniform", priority_levels=3)
+    built_in = build_tables(simulate(config))
+    copied = build_tables(simulate(RunConfig(**{**config.__dict__, "policy": "copy"})))
+    for name in ("requests", "tokens", "steps"):
+        assert getattr(copied, name).equals(getattr(built_in, name)), name
+
+
+def test_policies_decide_every_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A policy that raises makes the run fail: nothing schedules behind the policy's back."""
+    for name in ("chunked", "continuous", "static", "priority"):
+        policy_type = type(policies.POLICIES[name](RunConfig()))
+
+        def broken(self: object, view: object) -> None:
+            raise RuntimeError("policy called")
+
+        monkeypatch.setattr(policy_type, "__call__", broken)
+        with pytest.raises(RuntimeError, match="policy called"):
+            simulate(RunConfig(policy=name, rate=12.0, num_requests=20))
+        monkeypatch.undo()
+
+
+def test_a_default_run_is_driven_by_simpy(monkeypatch: pytest.MonkeyPatch) -> None:
+    processed = 0
+    step = Clock.step
+
+    def counting(self: Clock) -> None:
+        nonlocal processed
+        processed += 1
+        step(self)
+
+    monkeypatch.setattr(Clock, "step", counting)
+    result = simulate(RunConfig(rate=12.0))
+    # At least every arrival and every finish is an event the environment processes.
+    assert processed >= 2 * result.num_requests
+
+
+def test_the_engine_names_no_policy() -> None:
+    """Nothing under simulator/ imports a concrete policy or branches on a policy's name."""
+    for path in (ROOT / "simulator").glob("*.py"):
+        text = path.read_text()
+        assert not re.search(r"from policies\.\w+ import|import policies\.", text), path.name
+        assert not re.search(r"ChunkedPrefill|ContinuousBatching|StaticBatching|PriorityScheduling", text), path.name
+        if path.name not in ("config.py", "cli.py", "batch_table.py", "simulate.py", "sweep.py"):
+            assert not re.search(r"policy\s*==\s*[\"']", text), path.name
+
+
+def workload(prompts: list[int], outputs: list[int], arrivals: list[float], priority: list[int]) -> Workload:
+    return Workload(prompt_tokens=np.array(prompts, dtype=np.int64), output_tokens=np.array(outputs, dtype=np.int64),
+                    arrival=np.array(arrivals, dtype=np.float64), concurrency=None,
+                    priority=np.array(priority, dtype=np.int64))
+
+
+def test_priority_serves_the_waiting_queue_by_priority_then_arrival() -> None:
+    """One request at a time (max_num_seqs 1), unit-cost steps: a request that came later but ranks
+    higher (lower value) goes first; equal priorities go by arrival."""
+    w = workload([4] * 4, [2] * 4, [0.0, 0.0, 0.5, 0.5], [2, 1, 0, 1])
+    result = simulate(RunConfig(policy="priority", max_num_seqs=1, max_num_batched_tokens=8), w, UnitCost())
+    scheduled = result.requests.scheduled.tolist()
+    # t=0: 0 (p2) and 1 (p1) wait: 1 runs (steps 0-1, prefill then decode), then 2 (p0, arrived 0.5),
+    # then 3 (p1), then 0 (p2).
+    assert scheduled == [6.0, 0.0, 2.0, 4.0]
+    fcfs = simulate(RunConfig(policy="chunked", max_num_seqs=1, max_num_batched_tokens=8), w, UnitCost())
+    assert fcfs.requests.scheduled.tolist() == [0.0, 2.0, 4.0, 6.0]
+
+
+def test_priority_preempts_the_lowest_priority_latest_arrival() -> None:
+    """KV for two requests' prompts but not their outputs: when the running pair cannot grow, the
+    victim is the lowest-priority one (here the earlier arrival), not the most recently admitted."""
+    w = workload([16, 16], [40, 40], [0.0, 0.0], [1, 0])
+    config = RunConfig(policy="priority", block_size=16, num_gpu_blocks_override=4)
+    result = simulate(config, w, UnitCost())
+    assert result.requests.preemptions.tolist()[0] > 0
+    assert result.requests.preemptions.tolist()[1] == 0
+    fcfs = simulate(RunConfig(policy="chunked", block_size=16, num_gpu_blocks_override=4), w, UnitCost())
+    assert fcfs.requests.preemptions.tolist()[1] > 0  # FCFS takes the most recently admitted
+
+
+def test_priority_levels_are_uniform_and_leave_the_lengths_alone() -> None:
+    with_levels = simulate(RunConfig(policy="priority", rate=50.0, num_requests=3000, input_len_dist="uniform",
+                                     input_len=200, output_len=5, priority_levels=4))
+    without = simulate(RunConfig(policy="chunked", rate=50.0, num_requests=3000, input_len_dist="uniform",
+                                 input_len=200, output_len=5))
+    counts = np.bincount(with_levels.requests.priority, minlength=4)
+    assert counts.min() > 3000 / 4 * 0.85 and counts.max() < 3000 / 4 * 1.15
+    assert np.array_equal(with_levels.requests.prompt_tokens, without.requests.prompt_tokens)
+    assert np.array_equal(with_levels.requests.arrival, without.requests.arrival)
+
+
+def test_streamed_tokens_table_equals_the_whole_table(tmp_path: Path) -> None:
+    result = simulate(RunConfig(policy="chunked", rate=20.0, num_requests=400, input_len_dist="uniform",
+                                output_len_dist="uniform", num_gpu_blocks_override=3000))
+    assert result.requests.preemptions.sum() > 0  # a request's tokens come in several runs
+    whole = tokens_table(result.log)
+    assert whole.height == int(result.requests.emitted.sum())
+    small = pl.concat(list(token_chunks(result.log, rows_per_chunk=1000)))
+    assert small.equals(whole)
+    assert len(list(token_chunks(result.log, rows_per_chunk=1000))) > 10
+    write_tokens(result.log, tmp_path / "t.parquet", {b"k": b"v"})
+    assert pl.read_parquet(tmp_path / "t.parquet").equals(whole)
+    # Per request, the indices count 0, 1, 2, ... and times never go back.
+    assert whole.group_by("request_id").agg((pl.col("index").diff().drop_nulls() == 1).all()).get_column(
+        "index").all()
+    assert (whole.group_by("request_id").agg(pl.col("time").diff().drop_nulls().min())
+            .get_column("time").drop_nulls().min() or 0) > 0
