@@ -14,29 +14,10 @@ from typing import Any
 import click
 from click_default_group import DefaultGroup
 
-from simulator.config import RunConfig
+from simulator.config import RunConfig, parse_goodput, parse_percentiles
 from simulator.errors import InputError
 
 RESULTS_DIR = Path("results")
-
-
-def parse_percentiles(text: str) -> tuple[float, ...]:
-    try:
-        return tuple(float(p) for p in text.split(",") if p.strip())
-    except ValueError:
-        raise InputError(f"--percentiles takes numbers separated by commas, got {text!r}") from None
-
-
-def parse_goodput(specs: tuple[str, ...]) -> tuple[tuple[str, float], ...]:
-    """`ttft:500 tpot:50` (milliseconds, as `vllm bench serve --goodput`) to seconds."""
-    slos = []
-    for spec in " ".join(specs).replace(",", " ").split():
-        metric, _, value = spec.partition(":")
-        try:
-            slos.append((metric, float(value) / 1e3))
-        except ValueError:
-            raise InputError(f"--goodput takes METRIC:MILLISECONDS, got {spec!r}") from None
-    return tuple(slos)
 
 
 def parse_int_list(text: str, flag: str) -> list[int]:

@@ -114,3 +114,22 @@ class RunConfig:
     @classmethod
     def field_names(cls) -> list[str]:
         return [f.name for f in fields(cls)]
+
+
+def parse_percentiles(text: str) -> tuple[float, ...]:
+    try:
+        return tuple(float(p) for p in text.split(",") if p.strip())
+    except ValueError:
+        raise InputError(f"--percentiles takes numbers separated by commas, got {text!r}") from None
+
+
+def parse_goodput(specs: tuple[str, ...]) -> tuple[tuple[str, float], ...]:
+    """`ttft:500 tpot:50` (milliseconds, as `vllm bench serve --goodput`) to seconds."""
+    slos = []
+    for spec in " ".join(specs).replace(",", " ").split():
+        metric, _, value = spec.partition(":")
+        try:
+            slos.append((metric, float(value) / 1e3))
+        except ValueError:
+            raise InputError(f"--goodput takes METRIC:MILLISECONDS, got {spec!r}") from None
+    return tuple(slos)
