@@ -34,6 +34,11 @@ def ms(seconds: float | None) -> str:
     return "-" if seconds is None or (isinstance(seconds, float) and math.isnan(seconds)) else f"{seconds * 1e3:.2f}"
 
 
+def per_s(value: float, digits: int) -> str:
+    """A throughput; "-" when no request finished (no duration to divide by)."""
+    return "-" if math.isnan(value) else f"{value:.{digits}f}"
+
+
 def format_summary(summary: dict[str, Any], config: RunConfig) -> str:
     lines = [
         f"{'policy':<40}{config.policy}",
@@ -41,14 +46,14 @@ def format_summary(summary: dict[str, Any], config: RunConfig) -> str:
         f"{'completed / arrived requests':<40}{summary['completed']} / {summary['arrived']}",
         f"{'duration (s)':<40}{summary['duration']:.3f}",
         f"{'total input / output tokens':<40}{summary['total_input_tokens']} / {summary['total_output_tokens']}",
-        f"{'request throughput (req/s)':<40}{summary['request_throughput']:.3f}",
-        f"{'output token throughput (tok/s)':<40}{summary['output_throughput']:.1f}",
-        f"{'total token throughput (tok/s)':<40}{summary['total_token_throughput']:.1f}",
+        f"{'request throughput (req/s)':<40}{per_s(summary['request_throughput'], 3)}",
+        f"{'output token throughput (tok/s)':<40}{per_s(summary['output_throughput'], 1)}",
+        f"{'total token throughput (tok/s)':<40}{per_s(summary['total_token_throughput'], 1)}",
         f"{'preemptions':<40}{summary['preemptions']}",
         f"{'GPU busy (share of the run)':<40}{summary['utilisation']:.1%}",
     ]
     if "request_goodput" in summary:
-        lines.append(f"{'request goodput (req/s)':<40}{summary['request_goodput']:.3f}")
+        lines.append(f"{'request goodput (req/s)':<40}{per_s(summary['request_goodput'], 3)}")
     stats = ["mean", "median", "std"] + [f"p{q:g}" for q in config.percentiles]
     lines.append("")
     lines.append(f"{'latency (ms)':<14}" + "".join(f"{s:>11}" for s in stats))
@@ -66,12 +71,15 @@ def format_summary(summary: dict[str, Any], config: RunConfig) -> str:
             f"OVERLOADED: the server did not keep up with {summary['offered_rate']:.2f} req/s (requests in the "
             f"system grew by {summary['queue_growth']:.2f}/s in the second half of the arrivals). Queues grow "
             "without bound at this rate, so TTFT and queue time measure the run's length, not the server.")
+    elif summary["load"] in ("empty", "none finished"):
+        cut = f" (the clock stopped at --time-limit {config.time_limit} s)" if summary["unfinished"] else ""
+        lines.append(f"No request finished{cut}, so there is nothing to tell whether the server keeps up.")
     elif summary["kept_up"] is None and summary["load"] == "open loop":
         lines.append("Too short to tell whether the server keeps up at this rate: the second half of the "
                      "arrivals lasted less than twice a typical request's latency. Send more requests.")
     elif summary["load"] == "all at once":
         lines.append("All requests arrived at once (--rate inf): a burst, not a steady load.")
-    else:
+    elif summary["kept_up"]:
         lines.append(f"The server kept up ({summary['load']}).")
     return "\n".join(lines)
 

@@ -175,3 +175,18 @@ def test_no_tokens_skips_the_token_table_but_not_its_metrics(tmp_path: Path,
     assert without == with_tokens  # ITL comes from the step log either way
     code, _, _ = simulate_cli(["report", str(tmp_path / "without")], capsys)
     assert code == 0 and (tmp_path / "without" / "report.html").is_file()
+
+
+@pytest.mark.parametrize("load", [["--num-requests", "10"], ["--concurrency", "5", "--num-requests", "10"],
+                                  ["--rate", "400", "--num-requests", "10"]])
+def test_a_run_cut_off_before_any_request_finished_claims_no_verdict(
+        load: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # 2,000-token prompts take ~40 ms to prefill and 300 outputs many steps more: at 0.05 s none has finished.
+    out = tmp_path / "cut"
+    code, stdout, _ = simulate_cli([*load, "--time-limit", "0.05", "--out", str(out)], capsys)
+    assert code == 0
+    summary = json.loads((out / "summary.json").read_text())["summary"]
+    assert summary["completed"] == 0 and summary["unfinished"] == summary["arrived"] > 0
+    assert summary["kept_up"] is None
+    assert "kept up" not in stdout and "nan" not in stdout
+    assert "No request finished" in stdout and "--time-limit 0.05" in stdout
