@@ -14,7 +14,7 @@ from typing import Any
 import click
 from click_default_group import DefaultGroup
 
-from simulator.config import RunConfig, parse_goodput, parse_percentiles
+from simulator.config import RunConfig, flag, parse_goodput, parse_percentiles
 from simulator.errors import InputError
 
 RESULTS_DIR = Path("results")
@@ -135,6 +135,9 @@ def run_command(percentiles: str, goodput: tuple[str, ...], out: Path | None, to
     from simulator.simulate import simulate
 
     config = RunConfig(percentiles=parse_percentiles(percentiles), goodput=parse_goodput(goodput), **settings)
+    unused = config.unused_settings()
+    if unused:
+        raise InputError(f"--policy {config.policy} does not use {', '.join(flag(name) for name in unused)}")
     if out is not None:
         check_out_dir(out)
     result = simulate(config)

@@ -14,6 +14,21 @@ from simulator.errors import InputError
 
 GOODPUT_METRICS = ("ttft", "tpot", "e2el")
 ENGINES = ("fast", "reference")
+# Settings that shape a synthetic workload; a trace replays its own arrivals and lengths instead.
+SYNTHETIC_SETTINGS = ("rate", "burstiness", "concurrency", "duration", "input_len", "output_len", "input_len_dist",
+                      "output_len_dist")
+# Scheduler settings and the policies that read them.
+POLICY_SETTINGS: dict[str, tuple[str, ...]] = {
+    "max_num_batched_tokens": ("continuous", "chunked"),
+    "long_prefill_token_threshold": ("chunked",),
+    "max_batch_size": ("static",),
+    "max_queue_delay": ("static",),
+}
+
+
+def flag(name: str) -> str:
+    """The command-line flag of setting `name`."""
+    return f"--{name.replace('_', '-')}"
 
 
 @dataclass(frozen=True)
@@ -95,6 +110,7 @@ class RunConfig:
             raise InputError(f"--num-requests must be positive, got {self.num_requests}")
         if self.time_limit is not None and not self.time_limit > 0:
             raise InputError(f"--time-limit must be > 0 seconds, got {self.time_limit}")
+        self._check_workload_source()
         for q in self.percentiles:
             if not 0 <= q <= 100:
                 raise InputError(f"percentile {q} is outside [0, 100]")
@@ -103,6 +119,25 @@ class RunConfig:
                 raise InputError(f"unknown goodput metric {metric!r} (choose from {', '.join(GOODPUT_METRICS)})")
             if not limit > 0:
                 raise InputError(f"goodput SLO {metric}:{limit * 1e3:g} ms must be > 0")
+
+    def _check_workload_source(self) -> None:
+        """Refuse what would be recorded as applied without having been: a synthetic workload's
+        settings beside a trace, or a trace's speed without one."""
+        if self.trace is None:
+            if self.trace_speed != DEFAULTS["trace_speed"]:
+                raise InputError(f"--trace-speed {self.trace_speed:g} applies only to a --trace replay")
+            return
+        for name in SYNTHETIC_SETTINGS:
+            value = getattr(self, name)
+            if value != DEFAULTS[name]:
+                raise InputError(f"{flag(name)} {value} does not apply to --trace, which replays the trace's own "
+                                 "arrivals and lengths")
+
+    def unused_settings(self) -> list[str]:
+        """Scheduler settings moved from their default that this policy never reads."""
+        return [name for name, readers in POLICY_SETTINGS.items()
+                if self.policy in KNOWN_POLICIES and self.policy not in readers
+                and getattr(self, name) != DEFAULTS[name]]
 
     def to_dict(self) -> dict[str, Any]:
         """Flat, JSON- and Parquet-friendly settings (percentiles and SLOs as strings)."""
@@ -114,6 +149,10 @@ class RunConfig:
     @classmethod
     def field_names(cls) -> list[str]:
         return [f.name for f in fields(cls)]
+
+
+DEFAULTS: dict[str, Any] = {f.name: f.default for f in fields(RunConfig)}
+KNOWN_POLICIES = {policy for readers in POLICY_SETTINGS.values() for policy in readers}
 
 
 def parse_percentiles(text: str) -> tuple[float, ...]:

@@ -190,3 +190,46 @@ def test_a_run_cut_off_before_any_request_finished_claims_no_verdict(
     assert summary["kept_up"] is None
     assert "kept up" not in stdout and "nan" not in stdout
     assert "No request finished" in stdout and "--time-limit 0.05" in stdout
+
+
+@pytest.mark.parametrize(("args", "named"), [
+    (["--rate", "8"], "--rate 8"),
+    (["--concurrency", "4"], "--concurrency 4"),
+    (["--input-len", "500"], "--input-len 500"),
+    (["--duration", "10"], "--duration 10"),
+    (["--output-len-dist", "exponential"], "--output-len-dist exponential"),
+])
+def test_synthetic_workload_flags_beside_a_trace_are_refused(args: list[str], named: str, tmp_path: Path,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    trace = tmp_path / "trace.csv"
+    trace.write_text("arrival,prompt_tokens,output_tokens\n0.0,100,10\n0.5,200,20\n")
+    out = tmp_path / "run"
+    code, _, err = simulate_cli(["--trace", str(trace), *args, "--out", str(out)], capsys)
+    assert code == 2 and len(err.strip().splitlines()) == 1
+    assert named in err and "--trace" in err
+    assert not out.exists()
+
+
+@pytest.mark.parametrize(("args", "named"), [
+    (["--trace-speed", "2"], "--trace-speed 2"),
+    (["--policy", "static", "--max-num-batched-tokens", "4096"], "--max-num-batched-tokens"),
+    (["--policy", "static", "--long-prefill-token-threshold", "512"], "--long-prefill-token-threshold"),
+    (["--policy", "continuous", "--max-batch-size", "8"], "--max-batch-size"),
+    (["--policy", "chunked", "--max-queue-delay", "0.5"], "--max-queue-delay"),
+    (["--policy", "continuous", "--long-prefill-token-threshold", "512"], "--long-prefill-token-threshold"),
+])
+def test_flags_that_would_not_apply_are_refused(args: list[str], named: str, tmp_path: Path,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "run"
+    code, _, err = simulate_cli([*args, "--num-requests", "5", "--out", str(out)], capsys)
+    assert code == 2 and len(err.strip().splitlines()) == 1 and named in err, err
+    assert not out.exists()
+
+
+def test_flags_a_policy_reads_still_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "run"
+    code, _, _ = simulate_cli(["--policy", "static", "--max-batch-size", "8", "--max-queue-delay", "0.5",
+                               "--rate", "20", "--num-requests", "20", "--out", str(out)], capsys)
+    assert code == 0
+    settings = json.loads((out / "summary.json").read_text())["settings"]
+    assert settings["max_batch_size"] == 8 and settings["max_queue_delay"] == 0.5
