@@ -111,14 +111,21 @@ class RunConfig:
         if self.time_limit is not None and not self.time_limit > 0:
             raise InputError(f"--time-limit must be > 0 seconds, got {self.time_limit}")
         self._check_workload_source()
-        for q in self.percentiles:
+        if self.duration is not None and self.num_requests is not None and self.trace is None:
+            # Both would cap the count and the lower would silently win.
+            raise InputError(f"give --num-requests ({self.num_requests}) or --duration ({self.duration:g} s), not both")
+        for i, q in enumerate(self.percentiles):
             if not 0 <= q <= 100:
-                raise InputError(f"percentile {q} is outside [0, 100]")
-        for metric, limit in self.goodput:
+                raise InputError(f"--percentiles {q:g} is outside [0, 100]")
+            if q in self.percentiles[:i]:
+                raise InputError(f"--percentiles lists {q:g} twice")
+        for i, (metric, limit) in enumerate(self.goodput):
             if metric not in GOODPUT_METRICS:
-                raise InputError(f"unknown goodput metric {metric!r} (choose from {', '.join(GOODPUT_METRICS)})")
+                raise InputError(f"unknown --goodput metric {metric!r} (choose from {', '.join(GOODPUT_METRICS)})")
             if not limit > 0:
-                raise InputError(f"goodput SLO {metric}:{limit * 1e3:g} ms must be > 0")
+                raise InputError(f"--goodput {metric}:{limit * 1e3:g} ms must be > 0")
+            if metric in (m for m, _ in self.goodput[:i]):
+                raise InputError(f"--goodput gives an SLO for {metric} twice")
 
     def _check_workload_source(self) -> None:
         """Refuse what would be recorded as applied without having been: a synthetic workload's

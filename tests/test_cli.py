@@ -233,3 +233,18 @@ def test_flags_a_policy_reads_still_run(tmp_path: Path, capsys: pytest.CaptureFi
     assert code == 0
     settings = json.loads((out / "summary.json").read_text())["settings"]
     assert settings["max_batch_size"] == 8 and settings["max_queue_delay"] == 0.5
+
+
+@pytest.mark.parametrize(("args", "named"), [
+    (["--goodput", "ttft:500 ttft:100"], "ttft twice"),
+    (["--goodput", "ttft:500", "tpot:50", "ttft:100"], "ttft twice"),
+    (["--percentiles", "50,50"], "50 twice"),
+    (["--percentiles", "50,90,50.0"], "50 twice"),
+    (["--rate", "4", "--duration", "10", "--num-requests", "20"], "not both"),
+])
+def test_settings_that_contradict_themselves_are_refused(args: list[str], named: str, tmp_path: Path,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "run"
+    code, _, err = simulate_cli([*args, "--out", str(out)], capsys)
+    assert code == 2 and len(err.strip().splitlines()) == 1 and named in err, err
+    assert not out.exists()
