@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from simulator.errors import InputError
+from workloads.lengths import parse_length_dist
 
 GOODPUT_METRICS = ("ttft", "tpot", "e2el")
 ENGINES = ("fast", "reference")
@@ -110,7 +111,11 @@ class RunConfig:
             raise InputError(f"--num-requests must be positive, got {self.num_requests}")
         if self.time_limit is not None and not self.time_limit > 0:
             raise InputError(f"--time-limit must be > 0 seconds, got {self.time_limit}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
+            raise InputError(f"--seed must be an integer >= 0, got {self.seed!r}")
         self._check_workload_source()
+        if self.trace is None:
+            self._check_synthetic_workload()
         if self.duration is not None and self.num_requests is not None and self.trace is None:
             # Both would cap the count and the lower would silently win.
             raise InputError(f"give --num-requests ({self.num_requests}) or --duration ({self.duration:g} s), not both")
@@ -134,11 +139,35 @@ class RunConfig:
             if self.trace_speed != DEFAULTS["trace_speed"]:
                 raise InputError(f"--trace-speed {self.trace_speed:g} applies only to a --trace replay")
             return
+        if not (0 < self.trace_speed < math.inf):
+            raise InputError(f"--trace-speed must be a finite number > 0, got {self.trace_speed}")
         for name in SYNTHETIC_SETTINGS:
             value = getattr(self, name)
             if value != DEFAULTS[name]:
                 raise InputError(f"{flag(name)} {value} does not apply to --trace, which replays the trace's own "
                                  "arrivals and lengths")
+
+    def _check_synthetic_workload(self) -> None:
+        """What the workload builder would refuse, said with the flags (it names its arguments)."""
+        if not (self.burstiness > 0):
+            raise InputError(f"--burstiness must be > 0, got {self.burstiness}")
+        if self.concurrency is not None and self.burstiness != DEFAULTS["burstiness"]:
+            raise InputError(f"--burstiness {self.burstiness:g} shapes an open loop's arrivals (--rate); "
+                             "a closed loop (--concurrency) has none")
+        if self.duration is not None:
+            if not (0 < self.duration < math.inf):
+                raise InputError(f"--duration must be a finite number of seconds > 0, got {self.duration}")
+            if self.concurrency is not None:
+                raise InputError("--duration bounds an open loop (--rate); a closed loop (--concurrency) runs "
+                                 "--num-requests requests")
+            if self.rate is None or math.isinf(self.rate):
+                raise InputError("--duration needs a finite --rate: with all requests at once (--rate inf, the "
+                                 "default) it would mean infinitely many")
+        for name in ("input_len_dist", "output_len_dist"):
+            try:
+                parse_length_dist(getattr(self, name))
+            except InputError as exc:
+                raise InputError(f"{flag(name)}: {exc}") from None
 
     def unused_settings(self) -> list[str]:
         """Scheduler settings moved from their default that this policy never reads."""

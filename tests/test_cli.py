@@ -248,3 +248,31 @@ def test_settings_that_contradict_themselves_are_refused(args: list[str], named:
     code, _, err = simulate_cli([*args, "--out", str(out)], capsys)
     assert code == 2 and len(err.strip().splitlines()) == 1 and named in err, err
     assert not out.exists()
+
+
+@pytest.mark.parametrize(("args", "flag"), [
+    (["--trace", "t.csv", "--trace-speed", "0"], "--trace-speed"),
+    (["--trace", "t.csv", "--trace-speed", "inf"], "--trace-speed"),
+    (["--rate", "4", "--duration", "-1"], "--duration"),
+    (["--concurrency", "4", "--duration", "10"], "--duration"),
+    (["--duration", "5"], "--duration"),
+    (["--seed", "-1"], "--seed"),
+    (["--rate", "3", "--burstiness", "0"], "--burstiness"),
+    (["--concurrency", "3", "--burstiness", "2"], "--burstiness"),
+    (["--input-len-dist", "uniform:2"], "--input-len-dist"),
+    (["--output-len-dist", "zipf"], "--output-len-dist"),
+    (["--input-len-dist", "fixed:3"], "--input-len-dist"),
+    (["--percentiles", "150"], "--percentiles"),
+    (["--goodput", "queue:5"], "--goodput"),
+    (["--rate", "0.0001", "--duration", "1"], "--duration"),
+])
+def test_errors_name_the_flag_not_the_python_setting(args: list[str], flag: str, tmp_path: Path,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "t.csv").write_text("arrival,prompt_tokens,output_tokens\n0.0,100,10\n")
+    args = [str(tmp_path / a) if a == "t.csv" else a for a in args]
+    code, _, err = simulate_cli([*args, "--out", str(tmp_path / "run")], capsys)
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert flag in err, err
+    for python_name in ("trace speed", "num_requests", "input_len", "(rate)", "(concurrency)", "percentile ",
+                        "goodput metric", "duration "):
+        assert python_name not in err.replace(flag, ""), err
