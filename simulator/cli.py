@@ -84,6 +84,13 @@ def format_summary(summary: dict[str, Any], config: RunConfig) -> str:
     return "\n".join(lines)
 
 
+def aligned(headers: list[str], rows: list[list[str]]) -> str:
+    """Right-aligned columns as wide as their widest cell, two spaces apart: wide values never touch."""
+    widths = [max(len(cell) for cell in column) for column in zip(headers, *rows, strict=True)]
+    return "\n".join("".join(f"{cell:>{width + 2}}" for cell, width in zip(line, widths, strict=True))
+                     for line in [headers, *rows])
+
+
 @click.group(cls=DefaultGroup, default="run", default_if_no_args=True)
 def main() -> None:
     """servesim: a discrete-event simulator of LLM inference serving."""
@@ -181,13 +188,20 @@ def batch_table_command(context: int, batches: str, model: str, gpu: str, cost: 
     capacity = kv_cache_blocks(config, spec, hardware, context) * config.block_size
     table = batch_table(spec, build_cost_model(config, spec, hardware), context, sizes, capacity)
     rows = table.rows
+    if context > spec.max_model_len:
+        click.echo(f"warning: --context {context} is past {spec.name}'s {spec.max_model_len}-token context: "
+                   "no request could attend to that many tokens", err=True)
+    too_big = [b for b in sizes if b > table.max_batch]
+    if too_big:
+        click.echo(f"warning: --batch {','.join(map(str, too_big))} is past the KV ceiling of {table.max_batch} "
+                   f"sequences of {context} tokens: those rows (marked *) could not run on this GPU", err=True)
     click.echo(f"{spec.name} on {hardware.name}, {context}-token contexts, decode steps")
-    click.echo(f"{'batch':>6}{'step ms':>10}{'weights GB':>12}{'KV GB':>9}{'GB/s':>8}{'tok/s/req':>11}"
-               f"{'tok/s total':>13}")
-    for r in rows.iter_rows(named=True):
-        click.echo(f"{r['batch']:>6}{r['step_time'] * 1e3:>10.2f}{r['weight_bytes'] / 1e9:>12.2f}"
-                   f"{r['kv_bytes'] / 1e9:>9.2f}{r['achieved_bandwidth'] / 1e9:>8.0f}"
-                   f"{r['per_request_tokens_per_s']:>11.1f}{r['aggregate_tokens_per_s']:>13.0f}")
+    cells = [[f"{r['batch']}{'*' if r['batch'] > table.max_batch else ''}", f"{r['step_time'] * 1e3:.2f}",
+              f"{r['weight_bytes'] / 1e9:.2f}", f"{r['kv_bytes'] / 1e9:.2f}", f"{r['achieved_bandwidth'] / 1e9:.0f}",
+              f"{r['per_request_tokens_per_s']:.1f}", f"{r['aggregate_tokens_per_s']:.0f}"]
+             for r in rows.iter_rows(named=True)]
+    headers = ["batch", "step ms", "weights GB", "KV GB", "GB/s", "tok/s/req", "tok/s total"]
+    click.echo(aligned(headers, cells))
     click.echo(f"knee (KV bytes = weight bytes): batch {table.knee_batch:.1f}")
     click.echo(f"ceiling (KV cache full at --gpu-memory-utilization {gpu_memory_utilization}): "
                f"{table.max_batch} sequences")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -276,3 +277,27 @@ def test_errors_name_the_flag_not_the_python_setting(args: list[str], flag: str,
     for python_name in ("trace speed", "num_requests", "input_len", "(rate)", "(concurrency)", "percentile ",
                         "goodput metric", "duration "):
         assert python_name not in err.replace(flag, ""), err
+
+
+def test_batch_table_warns_past_the_context_and_the_kv_ceiling(capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = simulate_cli(["batch-table", "--context", "200000", "--batch", "1"], capsys)
+    assert code == 0 and "--context 200000" in err and "131072" in err  # Llama-3.1-8B's context length
+    # The chapter: about 200 sequences of 2,300 tokens fill an H100's KV cache.
+    code, stdout, err = simulate_cli(["batch-table", "--context", "2300", "--batch", "8,1000"], capsys)
+    assert code == 0 and "--batch 1000 " in err and "ceiling" in err
+    rows = {line.split()[0]: line for line in stdout.splitlines()[2:4]}
+    assert set(rows) == {"8", "1000*"}
+
+
+def test_batch_table_columns_stay_apart_for_wide_values(capsys: pytest.CaptureFixture[str]) -> None:
+    code, stdout, _ = simulate_cli(["batch-table", "--context", "2300", "--batch", "1,10000000"], capsys)
+    assert code == 0
+    header, *rows = stdout.splitlines()[1:4]
+    for row in rows:
+        cells = row.split()
+        assert len(cells) == 7, row
+        assert float(cells[0].rstrip("*")) in (1, 10_000_000)
+        # Each cell ends where its column's header ends (right-aligned).
+        ends = [m.end() for m in re.finditer(r"\S+", row)]
+        header_ends = [m.end() for m in re.finditer(r"\S+(?: \S+)?", header)]
+        assert ends == header_ends, (header, row)
