@@ -108,7 +108,8 @@ def check_fits(workload: Workload, config: RunConfig, model: ModelSpec, kv_block
         prompt = int(np.argmax(workload.prompt_tokens))
         if workload.prompt_tokens[prompt] > budget:
             raise InputError(f"request {prompt} has a {workload.prompt_tokens[prompt]}-token prompt, larger than "
-                             f"--max-num-batched-tokens {budget}: without chunking it can never be scheduled")
+                             f"--max-num-batched-tokens {budget}: without chunking it can never be scheduled "
+                             "(use --policy chunked, or raise --max-num-batched-tokens)")
 
 
 def simulate(config: RunConfig, workload: Workload | None = None, cost: CostModel | None = None) -> RunResult:
