@@ -54,6 +54,8 @@ class RunConfig:
     long_prefill_token_threshold: int = 0
     max_batch_size: int = 64
     max_queue_delay: float = 0.0
+    max_model_len: int | None = None
+    """Refuse requests longer than this (prompt + output tokens), as vLLM serve's flag; None: the model's."""
     # KV memory.
     block_size: int = 16
     gpu_memory_utilization: float = 0.9
@@ -95,6 +97,8 @@ class RunConfig:
             # vLLM refuses this too: a decode step of every running sequence would break the budget.
             raise InputError(f"--max-num-batched-tokens {self.max_num_batched_tokens} must be >= --max-num-seqs "
                              f"{self.max_num_seqs}")
+        if self.max_model_len is not None and self.max_model_len < 1:
+            raise InputError(f"--max-model-len must be a positive number of tokens, got {self.max_model_len}")
         if self.num_gpu_blocks_override is not None and self.num_gpu_blocks_override < 1:
             raise InputError(f"--num-gpu-blocks-override must be positive, got {self.num_gpu_blocks_override}")
         if self.long_prefill_token_threshold < 0:
