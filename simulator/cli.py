@@ -31,13 +31,13 @@ from workloads.lengths import SPECS as LENGTH_SPECS
 RESULTS_DIR = Path("results")
 
 
-def parse_int_list(text: str, flag: str) -> list[int]:
+def parse_int_list(text: str, option: str) -> list[int]:
     try:
         values = [int(v) for v in text.split(",") if v.strip()]
     except ValueError:
-        raise InputError(f"{flag} takes integers separated by commas, got {text!r}") from None
+        raise InputError(f"{option} takes integers separated by commas, got {text!r}") from None
     if not values or min(values) < 1:
-        raise InputError(f"{flag} takes positive integers, got {text!r}")
+        raise InputError(f"{option} takes positive integers, got {text!r}")
     return values
 
 
