@@ -34,6 +34,7 @@ from simulator.cost import MeasuredCost, StepShape, build_tables, elementwise_op
 from simulator.errors import InputError
 from simulator.hardware import TABLE_COLUMNS, load_profile
 from simulator.model import ModelSpec, load_model
+from simulator.outputs import check_out_dir
 
 FORMAT = 1
 # Operands are cycled through copies totalling at least this many bytes, more than the device's last
@@ -318,6 +319,7 @@ def fit_rates(tables: dict[str, pl.DataFrame], model: ModelSpec) -> dict[str, fl
 
 def calibrate(model_name: str, out: Path, device: str, echo: Callable[[str], None] = click.echo) -> Path:
     """Measure everything, write the profile folder `out`, and return it."""
+    check_out_dir(out)  # before minutes of measuring, and never into a folder that holds something
     try:
         import torch
     except ImportError:

@@ -13,7 +13,7 @@ import polars as pl
 
 from simulator.cost import MeasuredCost, StepShape, build_tables
 from simulator.errors import InputError
-from simulator.hardware import load_profile
+from simulator.hardware import load_profile, profile_dir
 from simulator.model import LLAMA_3_1_8B, ModelSpec
 
 CHAPTER_CONTEXT = 2300
@@ -51,6 +51,9 @@ def chapter_errors(profile_name: str) -> pl.DataFrame:
 @click.option("--gpu", default="h100_sxm", show_default=True, help="Shipped profile name or a profile path.")
 def validate_command(gpu: str) -> None:
     """Predicted against measured step times for a profile, and the chapter's table."""
+    if not (profile_dir(gpu) / "profile.json").is_file():
+        raise InputError(f"--gpu {gpu!r} has no profile.json: it holds a roofline only, no measured kernels to "
+                         "validate (`simulate calibrate` measures them)")
     passes = validation_errors(gpu)
     if passes.height:
         meta = load_profile(gpu).meta

@@ -11,8 +11,25 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from simulator.errors import InputError
+from workloads.lengths import parse_length_dist
 
 GOODPUT_METRICS = ("ttft", "tpot", "e2el")
+# Settings that shape a synthetic workload; a trace replays its own arrivals and lengths instead.
+SYNTHETIC_SETTINGS = ("rate", "burstiness", "concurrency", "duration", "input_len", "output_len", "input_len_dist",
+                      "output_len_dist")
+# Scheduler settings and the policies that read them.
+POLICY_SETTINGS: dict[str, tuple[str, ...]] = {
+    "max_num_batched_tokens": ("continuous", "chunked", "priority"),
+    "long_prefill_token_threshold": ("chunked", "priority"),
+    "priority_levels": ("priority",),
+    "max_batch_size": ("static",),
+    "max_queue_delay": ("static",),
+}
+
+
+def flag(name: str) -> str:
+    """The command-line flag of setting `name`."""
+    return f"--{name.replace('_', '-')}"
 
 
 @dataclass(frozen=True)
@@ -34,6 +51,8 @@ class RunConfig:
     long_prefill_token_threshold: int = 0
     max_batch_size: int = 64
     max_queue_delay: float = 0.0
+    max_model_len: int | None = None
+    """Refuse requests longer than this (prompt + output tokens), as vLLM serve's flag; None: the model's."""
     # KV memory.
     block_size: int = 16
     gpu_memory_utilization: float = 0.9
@@ -75,6 +94,8 @@ class RunConfig:
             # vLLM refuses this too: a decode step of every running sequence would break the budget.
             raise InputError(f"--max-num-batched-tokens {self.max_num_batched_tokens} must be >= --max-num-seqs "
                              f"{self.max_num_seqs}")
+        if self.max_model_len is not None and self.max_model_len < 1:
+            raise InputError(f"--max-model-len must be a positive number of tokens, got {self.max_model_len}")
         if self.num_gpu_blocks_override is not None and self.num_gpu_blocks_override < 1:
             raise InputError(f"--num-gpu-blocks-override must be positive, got {self.num_gpu_blocks_override}")
         if self.long_prefill_token_threshold < 0:
@@ -93,14 +114,69 @@ class RunConfig:
             raise InputError(f"--num-requests must be positive, got {self.num_requests}")
         if self.time_limit is not None and not self.time_limit > 0:
             raise InputError(f"--time-limit must be > 0 seconds, got {self.time_limit}")
-        for q in self.percentiles:
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
+            raise InputError(f"--seed must be an integer >= 0, got {self.seed!r}")
+        self._check_workload_source()
+        if self.trace is None:
+            self._check_synthetic_workload()
+        if self.duration is not None and self.num_requests is not None and self.trace is None:
+            # Both would cap the count and the lower would silently win.
+            raise InputError(f"give --num-requests ({self.num_requests}) or --duration ({self.duration:g} s), not both")
+        for i, q in enumerate(self.percentiles):
             if not 0 <= q <= 100:
-                raise InputError(f"percentile {q} is outside [0, 100]")
-        for metric, limit in self.goodput:
+                raise InputError(f"--percentiles {q:g} is outside [0, 100]")
+            if q in self.percentiles[:i]:
+                raise InputError(f"--percentiles lists {q:g} twice")
+        for i, (metric, limit) in enumerate(self.goodput):
             if metric not in GOODPUT_METRICS:
-                raise InputError(f"unknown goodput metric {metric!r} (choose from {', '.join(GOODPUT_METRICS)})")
+                raise InputError(f"unknown --goodput metric {metric!r} (choose from {', '.join(GOODPUT_METRICS)})")
             if not limit > 0:
-                raise InputError(f"goodput SLO {metric}:{limit * 1e3:g} ms must be > 0")
+                raise InputError(f"--goodput {metric}:{limit * 1e3:g} ms must be > 0")
+            if metric in (m for m, _ in self.goodput[:i]):
+                raise InputError(f"--goodput gives an SLO for {metric} twice")
+
+    def _check_workload_source(self) -> None:
+        """Refuse what would be recorded as applied without having been: a synthetic workload's
+        settings beside a trace, or a trace's speed without one."""
+        if self.trace is None:
+            if self.trace_speed != DEFAULTS["trace_speed"]:
+                raise InputError(f"--trace-speed {self.trace_speed:g} applies only to a --trace replay")
+            return
+        if not (0 < self.trace_speed < math.inf):
+            raise InputError(f"--trace-speed must be a finite number > 0, got {self.trace_speed}")
+        for name in SYNTHETIC_SETTINGS:
+            value = getattr(self, name)
+            if value != DEFAULTS[name]:
+                raise InputError(f"{flag(name)} {value} does not apply to --trace, which replays the trace's own "
+                                 "arrivals and lengths")
+
+    def _check_synthetic_workload(self) -> None:
+        """What the workload builder would refuse, said with the flags (it names its arguments)."""
+        if not (self.burstiness > 0):
+            raise InputError(f"--burstiness must be > 0, got {self.burstiness}")
+        if self.concurrency is not None and self.burstiness != DEFAULTS["burstiness"]:
+            raise InputError(f"--burstiness {self.burstiness:g} shapes an open loop's arrivals (--rate); "
+                             "a closed loop (--concurrency) has none")
+        if self.duration is not None:
+            if not (0 < self.duration < math.inf):
+                raise InputError(f"--duration must be a finite number of seconds > 0, got {self.duration}")
+            if self.concurrency is not None:
+                raise InputError("--duration bounds an open loop (--rate); a closed loop (--concurrency) runs "
+                                 "--num-requests requests")
+            if self.rate is None or math.isinf(self.rate):
+                raise InputError("--duration needs a finite --rate: with all requests at once (--rate inf, the "
+                                 "default) it would mean infinitely many")
+        for name in ("input_len_dist", "output_len_dist"):
+            try:
+                parse_length_dist(getattr(self, name))
+            except InputError as exc:
+                raise InputError(f"{flag(name)}: {exc}") from None
+
+    def unused_settings(self) -> list[str]:
+        """Scheduler settings moved from their default that this policy never reads."""
+        return [name for name, readers in POLICY_SETTINGS.items()
+                if self.policy in KNOWN_POLICIES and self.policy not in readers
+                and getattr(self, name) != DEFAULTS[name]]
 
     def to_dict(self) -> dict[str, Any]:
         """Flat, JSON- and Parquet-friendly settings (percentiles and SLOs as strings)."""
@@ -112,3 +188,26 @@ class RunConfig:
     @classmethod
     def field_names(cls) -> list[str]:
         return [f.name for f in fields(cls)]
+
+
+DEFAULTS: dict[str, Any] = {f.name: f.default for f in fields(RunConfig)}
+KNOWN_POLICIES = {policy for readers in POLICY_SETTINGS.values() for policy in readers}
+
+
+def parse_percentiles(text: str) -> tuple[float, ...]:
+    try:
+        return tuple(float(p) for p in text.split(",") if p.strip())
+    except ValueError:
+        raise InputError(f"--percentiles takes numbers separated by commas, got {text!r}") from None
+
+
+def parse_goodput(specs: tuple[str, ...]) -> tuple[tuple[str, float], ...]:
+    """`ttft:500 tpot:50` (milliseconds, as `vllm bench serve --goodput`) to seconds."""
+    slos = []
+    for spec in " ".join(specs).replace(",", " ").split():
+        metric, _, value = spec.partition(":")
+        try:
+            slos.append((metric, float(value) / 1e3))
+        except ValueError:
+            raise InputError(f"--goodput takes METRIC:MILLISECONDS, got {spec!r}") from None
+    return tuple(slos)

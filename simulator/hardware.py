@@ -64,7 +64,10 @@ def profile_dir(name_or_path: str) -> Path:
         return PROFILES_DIR / name_or_path
     path = Path(name_or_path)
     folder = path if path.is_dir() else path.parent
-    if not path.exists() or not (folder / "roofline.json").is_file():
+    if path.exists() and not (folder / "roofline.json").is_file():
+        raise InputError(f"--gpu {name_or_path!r} is not a GPU profile: {str(folder)!r} has no roofline.json "
+                         "(the format is in calibration/README.md)")
+    if not path.exists():
         raise InputError(f"unknown GPU {name_or_path!r}: not a shipped profile ({', '.join(available_gpus())}) "
                          "and no such profile folder")
     return folder

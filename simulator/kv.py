@@ -33,9 +33,10 @@ def kv_capacity_blocks(*, memory_bytes: int, gpu_memory_utilization: float, weig
     blocks = int(free // (kv_bytes_per_token * block_size))
     if blocks < 1:
         raise InputError(
-            f"no memory left for KV cache: {memory_bytes * gpu_memory_utilization / 1e9:.1f} GB usable "
+            f"no room for one KV block: {memory_bytes * gpu_memory_utilization / 1e9:.1f} GB usable "
             f"(--gpu-memory-utilization {gpu_memory_utilization}) minus {weight_bytes / 1e9:.1f} GB of weights "
-            f"and {activation_bytes / 1e9:.1f} GB of activations")
+            f"and {activation_bytes / 1e9:.1f} GB of activations leaves {max(free, 0) / 1e9:.1f} GB, less than one "
+            f"block of --block-size {block_size} tokens ({kv_bytes_per_token * block_size / 1e9:.1f} GB)")
     return blocks
 
 

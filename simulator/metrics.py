@@ -94,8 +94,8 @@ def load_state(result: RunResult, steps: pl.DataFrame) -> dict[str, Any]:
     server shows a steady growth, larger than 2% of the arrival rate and than three times the
     count's scatter about the fitted line; a stable one wanders about a level. When that half-window
     is shorter than twice the latency of the earliest requests, the system has not settled and the
-    run cannot tell (`kept_up` None). Time-utilisation is reported too, but it is no test: a
-    continuous batcher is busy whenever one request decodes.
+    run cannot tell (`kept_up` None), as when no request finished at all. Time-utilisation is
+    reported too, but it is no test: a continuous batcher is busy whenever one request decodes.
     """
     requests = result.requests
     state: dict[str, Any] = {"load": "open loop", "kept_up": None, "utilisation": 0.0, "queue_growth": None,
@@ -106,6 +106,8 @@ def load_state(result: RunResult, steps: pl.DataFrame) -> dict[str, Any]:
     finishes = requests.finish
     last = float(np.nanmax(finishes)) if not np.isnan(finishes).all() else result.end_time
     state["utilisation"] = float(steps["duration"].sum()) / (last - first) if last > first else 1.0
+    if np.isnan(finishes).all():
+        return state | {"load": "none finished"}  # cut off by --time-limit before any request finished
     if result.config.concurrency is not None and result.config.trace is None:
         return state | {"load": "closed loop", "kept_up": True}
     last_arrival = float(requests.arrival[-1])

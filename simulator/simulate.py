@@ -95,15 +95,19 @@ def check_fits(workload: Workload, config: RunConfig, model: ModelSpec, kv_block
         raise InputError(f"request {longest} ({workload.prompt_tokens[longest]} prompt + "
                          f"{workload.output_tokens[longest]} output tokens) needs {lengths[longest]} tokens of KV "
                          f"cache; the GPU holds {capacity} ({kv_blocks} blocks of {config.block_size})")
-    if lengths[longest] > model.max_model_len:
+    if config.max_model_len is not None and config.max_model_len > model.max_model_len:
+        raise InputError(f"--max-model-len {config.max_model_len} is past {model.name}'s {model.max_model_len} tokens")
+    if lengths[longest] > (config.max_model_len or model.max_model_len):
+        limit = f"--max-model-len {config.max_model_len}" if config.max_model_len else f"{model.name}"
         raise InputError(f"request {longest} is {lengths[longest]} tokens long; "
-                         f"{model.name} takes at most {model.max_model_len}")
+                         f"{limit} takes at most {config.max_model_len or model.max_model_len}")
     if config.policy == "continuous":
         budget = config.max_num_batched_tokens
         prompt = int(np.argmax(workload.prompt_tokens))
         if workload.prompt_tokens[prompt] > budget:
             raise InputError(f"request {prompt} has a {workload.prompt_tokens[prompt]}-token prompt, larger than "
-                             f"--max-num-batched-tokens {budget}: without chunking it can never be scheduled")
+                             f"--max-num-batched-tokens {budget}: without chunking it can never be scheduled "
+                             "(use --policy chunked, or raise --max-num-batched-tokens)")
 
 
 Engine = Callable[[Policy, CostModel, int, int, Workload, float | None], tuple[RequestColumns, StepLog, float]]

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from simulator.config import RunConfig
+from simulator.config import RunConfig, parse_goodput, parse_percentiles
 from simulator.errors import InputError
 from simulator.executors import Rows, WorkerDied, run_local, run_ray, setting_column
 
@@ -120,7 +120,6 @@ class SweepSpec:
                     raise InputError(f"{flag(name)} lists {value!r} twice")
                 seen.add(value)
         # Validates them once for every configuration, and writes them as RunConfig.to_dict does.
-        from simulator.cli import parse_goodput, parse_percentiles
         canonical = RunConfig(percentiles=parse_percentiles(self.percentiles),
                               goodput=parse_goodput((self.goodput,))).to_dict()
         self.percentiles, self.goodput = canonical["percentiles"], canonical["goodput"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -149,17 +150,22 @@ def test_console_script_exits_nonzero_without_traceback(tmp_path: Path) -> None:
     assert done.stderr.strip() == "error: --rate must be > 0 requests/s (or inf), got -1.0"
 
 
-def test_engines_write_identical_run_folders(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    args = ["--policy", "continuous", "--rate", "14", "--num-requests", "300"]
-    for engine in ("fast", "reference"):
-        code, _, _ = simulate_cli([*args, "--engine", engine, "--out", str(tmp_path / engine)], capsys)
-        assert code == 0
+def test_a_run_folder_holds_the_oracles_tables(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """What `simulate run` writes (the tokens table streamed in chunks) is what the straightforward
+    engine of the tests computes for the same settings."""
+    from oracle import run_oracle
+
+    from simulator.config import RunConfig
+    from simulator.metrics import build_tables
+    from simulator.simulate import simulate
+
+    code, _, _ = simulate_cli(["--policy", "chunked", "--rate", "14", "--num-requests", "300",
+                               "--out", str(tmp_path / "run")], capsys)
+    assert code == 0
+    expected = build_tables(simulate(RunConfig(policy="chunked", rate=14.0, num_requests=300), engine=run_oracle))
     for name in ("requests", "tokens", "steps"):
-        assert pl.read_parquet(tmp_path / "fast" / f"{name}.parquet").equals(
-            pl.read_parquet(tmp_path / "reference" / f"{name}.parquet")), name
-    fast, reference = (json.loads((tmp_path / e / "summary.json").read_text()) for e in ("fast", "reference"))
-    assert fast["summary"] == reference["summary"]
-    assert fast["settings"]["engine"] == "fast" and reference["settings"]["engine"] == "reference"
+        assert pl.read_parquet(tmp_path / "run" / f"{name}.parquet").equals(getattr(expected, name)), name
+    assert read_metadata(tmp_path / "run" / "tokens.parquet")["settings"]["policy"] == "chunked"
 
 
 def test_no_tokens_skips_the_token_table_but_not_its_metrics(tmp_path: Path,
@@ -175,3 +181,128 @@ def test_no_tokens_skips_the_token_table_but_not_its_metrics(tmp_path: Path,
     assert without == with_tokens  # ITL comes from the step log either way
     code, _, _ = simulate_cli(["report", str(tmp_path / "without")], capsys)
     assert code == 0 and (tmp_path / "without" / "report.html").is_file()
+
+
+@pytest.mark.parametrize("load", [["--num-requests", "10"], ["--concurrency", "5", "--num-requests", "10"],
+                                  ["--rate", "400", "--num-requests", "10"]])
+def test_a_run_cut_off_before_any_request_finished_claims_no_verdict(
+        load: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # 2,000-token prompts take ~40 ms to prefill and 300 outputs many steps more: at 0.05 s none has finished.
+    out = tmp_path / "cut"
+    code, stdout, _ = simulate_cli([*load, "--time-limit", "0.05", "--out", str(out)], capsys)
+    assert code == 0
+    summary = json.loads((out / "summary.json").read_text())["summary"]
+    assert summary["completed"] == 0 and summary["unfinished"] == summary["arrived"] > 0
+    assert summary["kept_up"] is None
+    assert "kept up" not in stdout and "nan" not in stdout
+    assert "No request finished" in stdout and "--time-limit 0.05" in stdout
+
+
+@pytest.mark.parametrize(("args", "named"), [
+    (["--rate", "8"], "--rate 8"),
+    (["--concurrency", "4"], "--concurrency 4"),
+    (["--input-len", "500"], "--input-len 500"),
+    (["--duration", "10"], "--duration 10"),
+    (["--output-len-dist", "exponential"], "--output-len-dist exponential"),
+])
+def test_synthetic_workload_flags_beside_a_trace_are_refused(args: list[str], named: str, tmp_path: Path,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    trace = tmp_path / "trace.csv"
+    trace.write_text("arrival,prompt_tokens,output_tokens\n0.0,100,10\n0.5,200,20\n")
+    out = tmp_path / "run"
+    code, _, err = simulate_cli(["--trace", str(trace), *args, "--out", str(out)], capsys)
+    assert code == 2 and len(err.strip().splitlines()) == 1
+    assert named in err and "--trace" in err
+    assert not out.exists()
+
+
+@pytest.mark.parametrize(("args", "named"), [
+    (["--trace-speed", "2"], "--trace-speed 2"),
+    (["--policy", "static", "--max-num-batched-tokens", "4096"], "--max-num-batched-tokens"),
+    (["--policy", "static", "--long-prefill-token-threshold", "512"], "--long-prefill-token-threshold"),
+    (["--policy", "continuous", "--max-batch-size", "8"], "--max-batch-size"),
+    (["--policy", "chunked", "--max-queue-delay", "0.5"], "--max-queue-delay"),
+    (["--policy", "continuous", "--long-prefill-token-threshold", "512"], "--long-prefill-token-threshold"),
+])
+def test_flags_that_would_not_apply_are_refused(args: list[str], named: str, tmp_path: Path,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "run"
+    code, _, err = simulate_cli([*args, "--num-requests", "5", "--out", str(out)], capsys)
+    assert code == 2 and len(err.strip().splitlines()) == 1 and named in err, err
+    assert not out.exists()
+
+
+def test_flags_a_policy_reads_still_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "run"
+    code, _, _ = simulate_cli(["--policy", "static", "--max-batch-size", "8", "--max-queue-delay", "0.5",
+                               "--rate", "20", "--num-requests", "20", "--out", str(out)], capsys)
+    assert code == 0
+    settings = json.loads((out / "summary.json").read_text())["settings"]
+    assert settings["max_batch_size"] == 8 and settings["max_queue_delay"] == 0.5
+
+
+@pytest.mark.parametrize(("args", "named"), [
+    (["--goodput", "ttft:500 ttft:100"], "ttft twice"),
+    (["--goodput", "ttft:500", "tpot:50", "ttft:100"], "ttft twice"),
+    (["--percentiles", "50,50"], "50 twice"),
+    (["--percentiles", "50,90,50.0"], "50 twice"),
+    (["--rate", "4", "--duration", "10", "--num-requests", "20"], "not both"),
+])
+def test_settings_that_contradict_themselves_are_refused(args: list[str], named: str, tmp_path: Path,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "run"
+    code, _, err = simulate_cli([*args, "--out", str(out)], capsys)
+    assert code == 2 and len(err.strip().splitlines()) == 1 and named in err, err
+    assert not out.exists()
+
+
+@pytest.mark.parametrize(("args", "flag"), [
+    (["--trace", "t.csv", "--trace-speed", "0"], "--trace-speed"),
+    (["--trace", "t.csv", "--trace-speed", "inf"], "--trace-speed"),
+    (["--rate", "4", "--duration", "-1"], "--duration"),
+    (["--concurrency", "4", "--duration", "10"], "--duration"),
+    (["--duration", "5"], "--duration"),
+    (["--seed", "-1"], "--seed"),
+    (["--rate", "3", "--burstiness", "0"], "--burstiness"),
+    (["--concurrency", "3", "--burstiness", "2"], "--burstiness"),
+    (["--input-len-dist", "uniform:2"], "--input-len-dist"),
+    (["--output-len-dist", "zipf"], "--output-len-dist"),
+    (["--input-len-dist", "fixed:3"], "--input-len-dist"),
+    (["--percentiles", "150"], "--percentiles"),
+    (["--goodput", "queue:5"], "--goodput"),
+    (["--rate", "0.0001", "--duration", "1"], "--duration"),
+])
+def test_errors_name_the_flag_not_the_python_setting(args: list[str], flag: str, tmp_path: Path,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "t.csv").write_text("arrival,prompt_tokens,output_tokens\n0.0,100,10\n")
+    args = [str(tmp_path / a) if a == "t.csv" else a for a in args]
+    code, _, err = simulate_cli([*args, "--out", str(tmp_path / "run")], capsys)
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert flag in err, err
+    for python_name in ("trace speed", "num_requests", "input_len", "(rate)", "(concurrency)", "percentile ",
+                        "goodput metric", "duration "):
+        assert python_name not in err.replace(flag, ""), err
+
+
+def test_batch_table_warns_past_the_context_and_the_kv_ceiling(capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = simulate_cli(["batch-table", "--context", "200000", "--batch", "1"], capsys)
+    assert code == 0 and "--context 200000" in err and "131072" in err  # Llama-3.1-8B's context length
+    # The chapter: about 200 sequences of 2,300 tokens fill an H100's KV cache.
+    code, stdout, err = simulate_cli(["batch-table", "--context", "2300", "--batch", "8,1000"], capsys)
+    assert code == 0 and "--batch 1000 " in err and "ceiling" in err
+    rows = {line.split()[0]: line for line in stdout.splitlines()[2:4]}
+    assert set(rows) == {"8", "1000*"}
+
+
+def test_batch_table_columns_stay_apart_for_wide_values(capsys: pytest.CaptureFixture[str]) -> None:
+    code, stdout, _ = simulate_cli(["batch-table", "--context", "2300", "--batch", "1,10000000"], capsys)
+    assert code == 0
+    header, *rows = stdout.splitlines()[1:4]
+    for row in rows:
+        cells = row.split()
+        assert len(cells) == 7, row
+        assert float(cells[0].rstrip("*")) in (1, 10_000_000)
+        # Each cell ends where its column's header ends (right-aligned).
+        ends = [m.end() for m in re.finditer(r"\S+", row)]
+        header_ends = [m.end() for m in re.finditer(r"\S+(?: \S+)?", header)]
+        assert ends == header_ends, (header, row)

@@ -18,6 +18,8 @@ DEFAULT_PARAMS: dict[str, float | None] = {
     "exponential": None,
 }
 KIND_NAMES = ", ".join(DEFAULT_PARAMS)
+#: Each kind as a spec, its parameter optional with its default: "uniform[:0.5]".
+SPECS = ", ".join(kind if param is None else f"{kind}[:{param:g}]" for kind, param in DEFAULT_PARAMS.items())
 
 
 @dataclass(frozen=True)

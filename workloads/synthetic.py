@@ -61,7 +61,7 @@ def synthetic_workload(
             arrival = arrivals_until(rate, duration, burstiness, arrival_rng)[:num_requests]
             if arrival.size == 0:
                 raise InputError(
-                    f"no request arrives within duration {duration} s at rate {rate}/s; "
+                    f"no request arrives within --duration {duration} s at --rate {rate}/s; "
                     f"raise the rate or the duration"
                 )
         elif num_requests is not None:
