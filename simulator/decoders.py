@@ -99,19 +99,13 @@ class Decoders:
             heapq.heappop(finishing)
         return finishing[0][0] if finishing else 1 << 62
 
-    def pop_finished(self) -> list[Request]:
-        """Decoders whose last token came in a step up to now, in (step, admission) order; they stay
-        members until the caller makes them leave."""
+    def pop_finished(self) -> list[tuple[int, Request]]:
+        """(step, decoder) for the decoders whose last token came in a step up to now, in (step,
+        admission) order; they stay members until the caller makes them leave."""
         done = []
         finishing, steps = self._finishing, self.steps
         while finishing and finishing[0][0] <= steps:
-            _, _, _, epoch, request = heapq.heappop(finishing)
+            step, _, _, epoch, request = heapq.heappop(finishing)
             if epoch == request.decode_epoch:
-                done.append(request)
+                done.append((step, request))
         return done
-
-    def finish_steps(self, up_to: int) -> list[tuple[int, Request]]:
-        """(finishing step, decoder) for live decoders finishing by step count `up_to`, in order,
-        without removing them."""
-        entries = sorted(e for e in self._finishing if e[0] <= up_to and e[3] == e[4].decode_epoch)
-        return [(e[0], e[4]) for e in entries]

@@ -79,7 +79,8 @@ class PriorityQueue:
             self._keys.pop()
         else:
             i = bisect_left(self._keys, key)
-            assert self._keys[i] == key
+            if i == len(self._keys) or self._keys[i] != key:
+                raise ValueError(f"request {rid} is not waiting")
             del self._keys[i]
         del self._requests[rid]
 
@@ -89,9 +90,13 @@ class AdmissionOrder:
 
     def __init__(self) -> None:
         self._order: deque[tuple[int, Request]] = deque()
+        self._compact_at = 64
 
     def add(self, request: Request) -> None:
         self._order.append((request.admitted, request))
+        if len(self._order) > self._compact_at:
+            self._order = deque(e for e in self._order if e[0] == e[1].admitted)
+            self._compact_at = 2 * len(self._order) + 64
 
     def youngest(self) -> Request:
         order = self._order
@@ -101,10 +106,6 @@ class AdmissionOrder:
 
     def victim(self) -> Request:
         return self.youngest()
-
-    def compact(self, num_running: int) -> None:
-        if len(self._order) > 2 * num_running + 64:
-            self._order = deque(e for e in self._order if e[0] == e[1].admitted)
 
 
 class PriorityVictims(AdmissionOrder):
@@ -116,19 +117,17 @@ class PriorityVictims(AdmissionOrder):
 
     def add(self, request: Request) -> None:
         super().add(request)
-        heapq.heappush(self._heap, (-request.priority, -request.arrival, request.admitted, request))
+        heap = self._heap
+        heapq.heappush(heap, (-request.priority, -request.arrival, request.admitted, request))
+        if len(heap) > self._compact_at:
+            self._heap = [e for e in heap if e[2] == e[3].admitted]
+            heapq.heapify(self._heap)
 
     def victim(self) -> Request:
         heap = self._heap
         while heap[0][2] != heap[0][3].admitted:
             heapq.heappop(heap)
         return heap[0][3]
-
-    def compact(self, num_running: int) -> None:
-        super().compact(num_running)
-        if len(self._heap) > 2 * num_running + 64:
-            self._heap = [e for e in self._heap if e[2] == e[3].admitted]
-            heapq.heapify(self._heap)
 
 
 def make_queues(scheduling: Scheduling) -> tuple[FcfsQueue | PriorityQueue, AdmissionOrder]:

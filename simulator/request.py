@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import NamedTuple
 
 import numpy as np
@@ -99,8 +100,13 @@ class RequestColumns:
 
     @classmethod
     def from_requests(cls, requests: list[Request]) -> RequestColumns:
-        def column(name: str, dtype: type) -> np.ndarray:
-            return np.array([getattr(r, name) for r in requests], dtype=dtype)
-        return cls(column("arrival", np.float64), column("prompt_tokens", np.int64), column("output_tokens", np.int64),
-                   column("emitted", np.int64), column("scheduled", np.float64), column("first_token", np.float64),
-                   column("finish", np.float64), column("preemptions", np.int64), column("priority", np.int64))
+        fields = ("arrival", "prompt_tokens", "output_tokens", "emitted", "scheduled", "first_token", "finish",
+                  "preemptions", "priority")
+        # One pass over the requests; counts are far below 2**53, so float64 holds them exactly.
+        table = np.array(list(map(attrgetter(*fields), requests)), dtype=np.float64).reshape(len(requests), 9)
+        columns = [table[:, i].astype(np.int64) if name in INT_FIELDS else table[:, i].copy()
+                   for i, name in enumerate(fields)]
+        return cls(*columns)
+
+
+INT_FIELDS = frozenset({"prompt_tokens", "output_tokens", "emitted", "preemptions", "priority"})

@@ -58,6 +58,8 @@ class Batch:
 
     members: list[Request]
     prompt_len: int
+    last_step: int
+    """The decoders' step count after the batch's last decode step."""
     decoding_since: int
     """The decoders' step count when the batch's decoding began."""
     live: int
@@ -204,25 +206,27 @@ class Server:
     def _step(self, step: Step) -> Process:
         """One step of any kind, the decoders taking part as an aggregate."""
         rows, admits = self._split(step)
-        decode = step.decode and self.decoders.count > 0
-        num_preempted = self._allocate(rows, decode)
+        decoders, log = self.decoders, self.log
+        num_preempted = self._allocate(rows, step.decode and decoders.count > 0)
         for request, n in admits:
             self._admit(request, n, step.batch)
-        decoders, log = self.decoders, self.log
-        decode = decode and decoders.count > 0
+        num_lazy = decoders.count if step.decode else 0
         explicit_rows = rows + admits
+        real = num_lazy
+        num_decode = num_lazy
+        for request, n in explicit_rows:
+            real += n
+            if n == 1 and request.emitted and request.num_pending == 1:
+                num_decode += 1
         if step.batch is not None:
             shape = StepShape.from_rows([(step.batch.prompt_len, step.batch.prompt_len)] * len(admits))
             self._form_batch(admits, step.batch)
-        elif self.batch is not None and decode:
+        elif self.batch is not None and num_lazy:
             rows_held = len(self.batch.members)
             shape = StepShape(rows_held, rows_held, rows_held * self.batch.position(decoders.steps))
         else:
-            shape = StepShape.from_rows([(n, r.computed + n) for r, n in explicit_rows],
-                                        decoders.count if decode else 0, decoders.decode_context if decode else 0)
-        real = (decoders.count if decode else 0) + sum(n for _, n in explicit_rows)
-        num_decode = (decoders.count if decode else 0) + sum(1 for r, _ in explicit_rows if r.is_decoding)
-        num_seqs = (decoders.count if decode else 0) + len(explicit_rows)
+            shape = StepShape.from_rows([(n, r.computed + n) for r, n in explicit_rows], num_lazy,
+                                        decoders.decode_context if num_lazy else 0)
         start = self.clock
         duration = self.cost.step_time(shape)
         end = start + duration
@@ -231,10 +235,10 @@ class Server:
             return
         index = len(log)
         finished = []
-        if decode:
+        if num_lazy:
             decoders.steps += 1
             log.lazy_step.append(index)
-            finished = decoders.pop_finished()
+            finished = [request for _, request in decoders.pop_finished()]
         for request, n in explicit_rows:
             request.computed += n
             if request.computed == request.prompt_tokens + request.emitted:
@@ -255,13 +259,13 @@ class Server:
         if self.explicit:
             still = []
             for request in self.explicit:
-                if request.is_decoding:
+                if request.emitted and request.num_pending == 1:
                     decoders.join(request)
                 else:
                     still.append(request)
             self.explicit = still
-        log.append(start, duration, num_seqs, real - num_decode, num_decode, shape.num_tokens - real,
-                   self._kv.num_used, len(self._waiting), self.num_running, num_preempted)
+        log.append(start, duration, num_lazy + len(explicit_rows), real - num_decode, num_decode,
+                   shape.num_tokens - real, self._kv.num_used, len(self._waiting), self.num_running, num_preempted)
 
     def _allocate(self, rows: list[tuple[Request, int]], decode: bool) -> int:
         """KV for the running rows and the decoders; preempt from the back of the running set until
@@ -291,28 +295,32 @@ class Server:
         return num_preempted
 
     def _admit(self, request: Request, n: int, batch: PaddedBatch | None) -> None:
-        if request.admitted >= 0 or request.is_finished or not len(self._waiting):
-            raise PolicyError(f"request {request.id} is neither waiting nor running")
-        self._waiting.remove(request)
+        try:
+            self._waiting.remove(request)
+        except (ValueError, KeyError, IndexError, AssertionError):
+            raise PolicyError(f"request {request.id} is neither waiting nor running") from None
         needed = request.computed + n
         if batch is not None:
             request.reserved_tokens = batch.reserve_tokens
             needed = max(needed, batch.reserve_tokens)
-        if self._kv.extra_blocks(request, needed) > self._kv.num_free:
-            raise PolicyError(f"request {request.id} was admitted needing {self._kv.extra_blocks(request, needed)}"
-                              f" KV blocks with {self._kv.num_free} free")
-        self._kv.grow(request, needed)
-        if math.isnan(request.scheduled):
+        kv = self._kv
+        extra = kv.extra_blocks(request, needed)
+        if extra > kv.num_free:
+            raise PolicyError(f"request {request.id} was admitted needing {extra} KV blocks with {kv.num_free} free")
+        kv.num_free -= extra
+        request.blocks += extra
+        if request.scheduled != request.scheduled:  # NaN: never scheduled before
             request.scheduled = self.clock
         request.admitted = self._admissions
         self._admissions += 1
         self.explicit.append(request)
         self._order.add(request)
-        self._order.compact(self.decoders.count + len(self.explicit))
 
     def _form_batch(self, admits: list[tuple[Request, int]], batch: PaddedBatch) -> None:
         members = [r for r, _ in admits]
-        self.batch = Batch(members, batch.prompt_len, self.decoders.steps, len(members))
+        steps = self.decoders.steps
+        self.batch = Batch(members, batch.prompt_len, steps + max(r.output_tokens for r in members) - 1, steps,
+                           len(members))
 
     def _preempt(self, request: Request) -> None:
         """Recompute preemption: drop its KV; tokens already emitted stay emitted."""

@@ -49,14 +49,19 @@ class StepLog:
     def __len__(self) -> int:
         return len(self.start)
 
-    def append(self, start: float, duration: float, *counts: int) -> None:
-        """One step: its start and duration (s), then the `STEP_COUNTS` in order."""
+    def append(self, start: float, duration: float, num_seqs: int, prefill_tokens: int, decode_tokens: int,
+               padded_tokens: int, kv_blocks_used: int, num_waiting: int, num_running: int, num_preempted: int) -> None:
+        """One step: its start and duration (s), then the `STEP_COUNTS`."""
         self.start.append(start)
         self.duration.append(duration)
-        for column, value in zip((self.num_seqs, self.prefill_tokens, self.decode_tokens, self.padded_tokens,
-                                  self.kv_blocks_used, self.num_waiting, self.num_running, self.num_preempted),
-                                 counts, strict=True):
-            column.append(value)
+        self.num_seqs.append(num_seqs)
+        self.prefill_tokens.append(prefill_tokens)
+        self.decode_tokens.append(decode_tokens)
+        self.padded_tokens.append(padded_tokens)
+        self.kv_blocks_used.append(kv_blocks_used)
+        self.num_waiting.append(num_waiting)
+        self.num_running.append(num_running)
+        self.num_preempted.append(num_preempted)
 
     def extend(self, starts: np.ndarray, durations: np.ndarray, counts: dict[str, np.ndarray | int]) -> None:
         """Many steps at once, each count an array or one value for all (0 when not given)."""

@@ -13,6 +13,7 @@ those of a step-by-step engine to the last bit (tests/oracle.py).
 from __future__ import annotations
 
 import math
+from bisect import bisect_right
 
 import numpy as np
 
@@ -36,8 +37,7 @@ def decode_stretch(server: Server, wake_at: float | None) -> Process:
         position0 = batch.position(steps0)
         context0, per_step = rows * position0, rows
         horizon = math.inf  # nobody joins a padded batch
-        last = decoders.next_finish() if batch.live == 1 else max(
-            s for s, _ in decoders.finish_steps(1 << 62))
+        last = batch.last_step
         growing = False
     else:
         rows = decoders.count
@@ -52,8 +52,12 @@ def decode_stretch(server: Server, wake_at: float | None) -> Process:
     first = server.cost.step_time(StepShape(rows, rows, context0))
     stop = min(horizon, limit)
     estimate = k_max if stop == math.inf else min(k_max, int((stop - server.clock) / first) + 1)
-    if estimate >= RUN_MIN:
-        durations, ends, used = _array(server, rows, context0, per_step, estimate, growing, horizon)
+    if server.clock + first >= stop or k_max == 1:
+        yield from _one_step(server, rows, first, growing, batch is not None)
+        return
+    arrays = estimate >= RUN_MIN
+    if arrays:
+        durations, ends, used = _array(server, rows, context0, per_step, estimate, growing, horizon, first)
     else:
         durations, ends, used = _scalar(server, rows, context0, per_step, k_max, growing, horizon, first)
     k = len(ends)
@@ -63,41 +67,76 @@ def decode_stretch(server: Server, wake_at: float | None) -> Process:
     server.submitted.clear()
     waiting0, kv_used0, running0 = len(server.waiting), kv.num_used, server.num_running
     live0 = decoders.count
-    finishing = decoders.finish_steps(steps0 + k)
     end = float(ends[-1])
-    if finishing or end >= env.peek():
+    if decoders.next_finish() <= steps0 + k or end >= env.peek():
         yield env.timeout_at(end)
     start = server.clock
-    # Commit the k steps.
+    # Commit the k steps: the decoders' step count, their KV, the finishes, the log.
     log = server.log
     index0 = len(log)
     decoders.steps += k
-    kv.num_free -= int(used[-1]) if growing else 0
-    log.lazy_step.frombytes(np.arange(index0, index0 + k, dtype=np.int32).tobytes())
-    finish_steps = np.array([s for s, _ in finishing], dtype=np.int64)
+    if growing:
+        kv.num_free -= int(used[-1])
+    finishing = decoders.pop_finished()
     for step, request in finishing:
         server.finish(request, float(ends[step - steps0 - 1]), step)
-    offsets = np.arange(k, dtype=np.int64)
-    live = live0 - np.searchsorted(finish_steps, steps0 + offsets, side="right")
-    submitted = np.sort(np.asarray(server.submitted, dtype=np.float64))
-    num_waiting = waiting0 + np.searchsorted(submitted, ends, side="right")
-    kv_used = kv_used0 + (used if growing else 0) + np.zeros(k, dtype=np.int64)
-    num_running = np.full(k, running0, dtype=np.int64)
-    kv_used[-1], num_running[-1] = kv.num_used, server.num_running
-    starts = np.concatenate(([start], ends[:-1]))
-    log.extend(starts, durations, {"num_seqs": live, "decode_tokens": live, "padded_tokens": rows - live,
-                                   "kv_blocks_used": kv_used, "num_waiting": num_waiting,
-                                   "num_running": num_running})
+    pad = rows - live0 if batch is not None else 0
+    if arrays:
+        log.lazy_step.frombytes(np.arange(index0, index0 + k, dtype=np.int32).tobytes())
+        finish_steps = np.array([s for s, _ in finishing], dtype=np.int64)
+        live = live0 - np.searchsorted(finish_steps, steps0 + np.arange(k, dtype=np.int64), side="right")
+        num_waiting = waiting0 + np.searchsorted(np.sort(np.array(server.submitted)), ends, side="right")
+        kv_used = kv_used0 + (used if growing else np.zeros(k, dtype=np.int64))
+        num_running = np.full(k, running0, dtype=np.int64)
+        kv_used[-1], num_running[-1] = kv.num_used, server.num_running
+        log.extend(np.concatenate(([start], ends[:-1])), durations,
+                   {"num_seqs": live, "decode_tokens": live, "padded_tokens": rows - live, "kv_blocks_used": kv_used,
+                    "num_waiting": num_waiting, "num_running": num_running})
+    else:
+        submitted = sorted(server.submitted)
+        done = [s for s, _ in finishing]
+        for j in range(k):
+            log.lazy_step.append(index0 + j)
+            live = live0 - bisect_right(done, steps0 + j)
+            last_row = j == k - 1
+            log.append(start, durations[j], live, 0, live, pad + live0 - live,
+                       kv.num_used if last_row else kv_used0 + used[j], waiting0 + bisect_right(submitted, ends[j]),
+                       server.num_running if last_row else running0, 0)
+            start = ends[j]
     server.clock = end
 
 
-def _array(server: Server, rows: int, context0: int, per_step: int, k: int, growing: bool, horizon: float
-           ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _one_step(server: Server, rows: int, duration: float, growing: bool, padded: bool) -> Process:
+    """A stretch of one step (the next event falls within it): the same as `decode_stretch`, leaner."""
+    decoders, kv, env = server.decoders, server.kv, server.env
+    start = server.clock
+    end = start + duration
+    if end >= server.limit:
+        yield env.timeout_at(end)  # the clock stops during it
+        return
+    live = decoders.count
+    if growing:
+        kv.num_free -= decoders.blocks_needed()
+    decoders.steps += 1
+    log = server.log
+    log.lazy_step.append(len(log))
+    finishing = decoders.pop_finished()
+    if finishing or end >= env.peek():
+        yield env.timeout_at(end)
+    server.clock = end
+    for step, request in finishing:
+        server.finish(request, end, step)
+    log.append(start, duration, live, 0, live, rows - live if padded else 0, kv.num_used, len(server.waiting),
+               server.num_running, 0)
+
+
+def _array(server: Server, rows: int, context0: int, per_step: int, k: int, growing: bool, horizon: float,
+           first: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     offsets = np.arange(k, dtype=np.int64)
     used = np.cumsum(server.decoders.blocks_needed_ahead(k)) if growing else np.zeros(k, dtype=np.int64)
     if growing:
         k = min(k, int(np.searchsorted(used, server.kv.num_free, side="right")))
-    durations = server.cost.decode_step_times(rows, context0 + per_step * offsets[:k])
+    durations = np.concatenate(([first], server.cost.decode_step_times(rows, context0 + per_step * offsets[1:k])))
     ends = step_ends(server.clock, durations)
     k = min(k, int(np.searchsorted(ends, server.limit, side="left")),
             int(np.searchsorted(ends, horizon, side="left")) + 1)
@@ -105,7 +144,7 @@ def _array(server: Server, rows: int, context0: int, per_step: int, k: int, grow
 
 
 def _scalar(server: Server, rows: int, context0: int, per_step: int, k_max: int, growing: bool, horizon: float,
-            first: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+            first: float) -> tuple[list[float], list[float], list[int]]:
     step_time, blocks_needed = server.cost.step_time, server.decoders.blocks_needed
     free, limit = server.kv.num_free, server.limit
     durations: list[float] = []
@@ -127,4 +166,4 @@ def _scalar(server: Server, rows: int, context0: int, per_step: int, k_max: int,
         t = end
         if end >= horizon:
             break
-    return np.array(durations), np.array(ends), np.array(used, dtype=np.int64)
+    return durations, ends, used
