@@ -215,11 +215,17 @@ class SweepStore:
             self.flush(order)
 
     def flush(self, order: dict[str, int]) -> None:
-        """Rewrite --out from every committed row: this sweep's in product order, then older ones."""
+        """Rewrite --out from every committed row: this sweep's in product order, then older ones.
+
+        With no row yet (interrupted before any configuration finished) there is nothing to write:
+        a file of no rows and no columns would not be a sweep file to resume.
+        """
         import polars as pl
 
         from simulator.outputs import write_parquet
 
+        if not self.rows:
+            return
         ids = sorted(self.rows, key=lambda cid: order.get(cid, len(order)))
         frame = pl.from_dicts([self.rows[cid] for cid in ids], infer_schema_length=None,
                               schema_overrides=settings_schema())

@@ -1,0 +1,73 @@
+"""Work is never lost or blocked: concurrent sweeps, Ctrl-C, SIGKILL, sweeps that only fail.
+
+The signal tests wait for state they can see (worker processes, a scratch folder) rather than for
+a time, with generous limits, so a loaded machine slows them down without failing them.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import polars as pl
+import pytest
+from test_cli import simulate_cli
+
+SMALL = ["--num-requests", "40", "--input-len", "300", "--output-len", "20"]
+# A configuration that takes seconds, so a signal lands while it runs.
+SLOW = ["--num-requests", "100000"]
+
+
+def start(args: list[str]) -> subprocess.Popen[bytes]:
+    """`simulate ARGS` in its own process group, as a shell runs a command."""
+    command = [sys.executable, "-c", "from simulator.cli import run; run()", *args]
+    return subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+
+
+def children(pid: int) -> set[int]:
+    found = set()
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            found.add(int(stat.parent.name))
+    return found
+
+
+def wait_until(condition: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"gave up waiting for {what} after {timeout} s"
+        time.sleep(0.02)
+
+
+def stop(process: subprocess.Popen[bytes]) -> None:
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    process.wait()
+
+
+def test_ctrl_c_before_any_row_leaves_nothing_a_rerun_refuses(tmp_path: Path,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "sweep.parquet"
+    sweep = start(["sweep", "--rate", "4,8", *SLOW, "--jobs", "2", "--out", str(out)])
+    try:
+        wait_until(lambda: len(children(sweep.pid)) >= 2, 120, "the sweep's workers")
+        os.killpg(sweep.pid, signal.SIGINT)  # Ctrl-C: the sweep and its workers
+        assert sweep.wait(timeout=120) != 0
+    finally:
+        stop(sweep)
+    assert list(tmp_path.iterdir()) == []  # no 0-row file, no parts, no lock
+    # The documented way on: run the sweep again (smaller here, for time) into the same --out.
+    code, _, err = simulate_cli(["sweep", "--rate", "4,8", *SMALL, "--jobs", "1", "--out", str(out)], capsys)
+    assert code == 0, err
+    assert pl.read_parquet(out).height == 2
