@@ -41,6 +41,15 @@ def children(pid: int) -> set[int]:
     return found
 
 
+def alive(pid: int) -> bool:
+    """Running, not a zombie (an orphan's zombie waits for whoever adopted it)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
 def wait_until(condition: Callable[[], bool], timeout: float, what: str) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
@@ -71,3 +80,15 @@ def test_ctrl_c_before_any_row_leaves_nothing_a_rerun_refuses(tmp_path: Path,
     code, _, err = simulate_cli(["sweep", "--rate", "4,8", *SMALL, "--jobs", "1", "--out", str(out)], capsys)
     assert code == 0, err
     assert pl.read_parquet(out).height == 2
+
+
+def test_killing_a_sweep_ends_its_workers_and_resource_tracker(tmp_path: Path) -> None:
+    sweep = start(["sweep", "--rate", "4,8", *SLOW, "--jobs", "2", "--out", str(tmp_path / "sweep.parquet")])
+    try:
+        wait_until(lambda: len(children(sweep.pid)) >= 3, 120, "two workers and the resource tracker")
+        orphans = children(sweep.pid)
+        os.kill(sweep.pid, signal.SIGKILL)  # the parent alone, which can then stop nothing
+        sweep.wait()
+        wait_until(lambda: not any(alive(pid) for pid in orphans), 30, f"the orphaned processes {orphans} to end")
+    finally:
+        stop(sweep)
