@@ -1,7 +1,9 @@
 """Writing a run: requests, tokens and steps as Parquet, the summary as JSON, settings attached.
 
 A run folder is written in a scratch folder beside it and renamed into place at the end, so a
-failure never leaves a half-written run behind.
+failure never leaves a half-written run behind. The writer holds a lock on its scratch folder, so
+one killed mid-write (SIGKILL, out of memory) leaves a folder whose lock died with it, and the next
+write into the same parent folder removes it.
 """
 
 from __future__ import annotations
@@ -10,8 +12,10 @@ import datetime as dt
 import json
 import math
 import os
+import secrets
 import shutil
-import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -19,8 +23,10 @@ import polars as pl
 import pyarrow.parquet as pq
 
 from simulator.errors import InputError
+from simulator.locks import try_lock
 
 METADATA_KEY = b"servesim"
+SCRATCH_SUFFIX = ".scratch"
 
 
 def json_safe(value: Any) -> Any:
@@ -69,12 +75,49 @@ def check_out_dir(out: Path) -> None:
         raise InputError(f"--out {str(out)!r} already exists and is not an empty folder")
 
 
+@contextmanager
+def scratch_dir(out: Path) -> Iterator[Path]:
+    """A hidden folder beside `out`, locked while this process writes in it, removed on failure.
+
+    It is made by mkdir (so its mode is the umask's, 0755 as a rule, not mkdtemp's 0700) under a
+    name no cleaner touches, locked, and only then given the name cleaners look for.
+    """
+    pending = out.parent / f".{out.name}.{secrets.token_hex(4)}"
+    pending.mkdir()
+    fd = os.open(pending, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        locked = try_lock(fd)
+        assert locked, f"{pending} was locked by another process as it was made"
+        scratch = pending.rename(pending.with_name(pending.name + SCRATCH_SUFFIX))
+        try:
+            yield scratch
+        except BaseException:
+            shutil.rmtree(scratch, ignore_errors=True)
+            raise
+    finally:
+        os.close(fd)
+
+
+def remove_stale_scratch(folder: Path) -> None:
+    """Remove the scratch folders of writers that died mid-write: no live process holds their lock."""
+    for scratch in folder.glob(f".*{SCRATCH_SUFFIX}"):
+        try:
+            fd = os.open(scratch, os.O_RDONLY | os.O_DIRECTORY)
+        except OSError:
+            continue  # gone meanwhile, or not a folder
+        try:
+            if try_lock(fd):
+                shutil.rmtree(scratch, ignore_errors=True)
+        finally:
+            os.close(fd)
+
+
 def write_run(out: Path, tables: dict[str, pl.DataFrame], summary: dict[str, Any],
               settings: dict[str, Any]) -> None:
     check_out_dir(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    scratch = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    try:
+    remove_stale_scratch(out.parent)
+    with scratch_dir(out) as scratch:
         metadata = {"settings": settings}
         for name, frame in tables.items():
             write_parquet(frame, scratch / f"{name}.parquet", metadata)
@@ -83,6 +126,3 @@ def write_run(out: Path, tables: dict[str, pl.DataFrame], summary: dict[str, Any
         if out.exists():
             out.rmdir()
         os.replace(scratch, out)
-    except BaseException:
-        shutil.rmtree(scratch, ignore_errors=True)
-        raise

@@ -92,3 +92,25 @@ def test_killing_a_sweep_ends_its_workers_and_resource_tracker(tmp_path: Path) -
         wait_until(lambda: not any(alive(pid) for pid in orphans), 30, f"the orphaned processes {orphans} to end")
     finally:
         stop(sweep)
+
+
+def test_a_run_killed_while_writing_leaves_a_scratch_folder_the_next_run_removes(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # 12M output tokens: writing tokens.parquet takes a good fraction of a second.
+    run = start(["run", "--rate", "inf", "--num-requests", "12000", "--input-len", "100", "--output-len", "1000",
+                 "--out", str(tmp_path / "run")])
+
+    def hidden() -> list[Path]:
+        return [p for p in tmp_path.iterdir() if p.name.startswith(".")]
+
+    try:
+        wait_until(lambda: bool(hidden()), 300, "the run to start writing")
+        os.killpg(run.pid, signal.SIGKILL)
+        run.wait()
+    finally:
+        stop(run)
+    assert hidden() and not (tmp_path / "run").exists(), "the kill came after the write: nothing was tested"
+    code, _, err = simulate_cli(["run", *SMALL, "--out", str(tmp_path / "again")], capsys)
+    assert code == 0, err
+    assert hidden() == []
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["again"]
