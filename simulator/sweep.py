@@ -257,16 +257,31 @@ class SweepOutcome:
 
 def run_sweep(spec: SweepSpec, out: Path, *, jobs: int = 1, executor: str = "local", address: str | None = None,
               tables_dir: Path | None = None, retry_failed: bool = False, progress: bool = False) -> SweepOutcome:
-    """Run every configuration of `spec` not already in `out`, committing each row as it finishes."""
+    """Run every configuration of `spec` not already in `out`, committing each row as it finishes.
+
+    One sweep at a time writes `out`: a second one is refused while the first holds its lock.
+    """
+    from simulator.locks import Busy, exclusive
+
     if out.is_dir():
         raise InputError(f"--out {str(out)!r} is a folder; give a .parquet file")
     if jobs < 1:
         raise InputError(f"--jobs must be a positive number of workers, got {jobs}")
     if address is not None and executor != "ray":
         raise InputError(f"--address {address!r} is for --executor ray")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        with exclusive(out.with_name(f".{out.name}.lock")):
+            return run_unlocked(spec, out, jobs, executor, address, tables_dir, retry_failed, progress)
+    except Busy as holder:
+        raise InputError(f"--out {str(out)!r} is being written by another sweep ({holder}); when it ends, rerun "
+                         "this command to add this sweep's rows") from None
+
+
+def run_unlocked(spec: SweepSpec, out: Path, jobs: int, executor: str, address: str | None,
+                 tables_dir: Path | None, retry_failed: bool, progress: bool) -> SweepOutcome:
     configs = [(config_id(settings), settings) for settings in spec.settings()]
     order = {cid: i for i, (cid, _) in enumerate(configs)}
-    out.parent.mkdir(parents=True, exist_ok=True)
     store = SweepStore(out, spec.metadata())
     done = store.done(retry_failed)
     todo = [(cid, settings) for cid, settings in configs if cid not in done]

@@ -65,6 +65,28 @@ def stop(process: subprocess.Popen[bytes]) -> None:
     process.wait()
 
 
+def test_a_second_sweep_into_the_same_out_is_refused_and_loses_nothing(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "sweep.parquet"
+    first = start(["sweep", "--rate", "4,8", "--num-requests", "20000", "--jobs", "2", "--out", str(out)])
+    try:
+        wait_until(lambda: len(children(first.pid)) >= 2, 120, "the first sweep's workers")
+        second = ["sweep", "--rate", "12,16", *SMALL, "--jobs", "1", "--out", str(out)]
+        code, _, err = simulate_cli(second, capsys)
+        assert first.poll() is None, "the first sweep ended before the second started: no clash was tested"
+        assert code == 2 and "another sweep" in err and str(out) in err and len(err.strip().splitlines()) == 1, err
+        assert first.wait(timeout=300) == 0
+    finally:
+        stop(first)
+    assert pl.read_parquet(out)["rate"].to_list() == [4.0, 8.0]
+    # Rerun once the first has ended, as the refusal says: both sweeps' rows, none lost.
+    code, stdout, err = simulate_cli(second, capsys)
+    assert code == 0, err
+    assert "2 run now, 0 already done" in stdout
+    assert sorted(pl.read_parquet(out)["rate"].to_list()) == [4.0, 8.0, 12.0, 16.0]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["sweep.parquet"]
+
+
 def test_ctrl_c_before_any_row_leaves_nothing_a_rerun_refuses(tmp_path: Path,
                                                                capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "sweep.parquet"
