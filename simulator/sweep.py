@@ -89,6 +89,29 @@ def setting_name(key: str) -> str:
     return name
 
 
+def check_name(name: str, value: Any) -> None:
+    """Refuse an unknown name (policy, model, GPU, ...) before any configuration runs, as a value of
+    the wrong type is; other settings are checked per configuration, where they meet the rest."""
+    from policies import build_policy
+    from simulator.hardware import load_gpu
+    from simulator.model import load_model
+    from workloads import parse_length_dist
+
+    def trace_exists(path: str) -> None:
+        if not Path(path).is_file():
+            raise InputError(f"no such trace file {path!r}")
+
+    checks: dict[str, Callable[[Any], object]] = {
+        "policy": lambda v: build_policy(RunConfig(policy=v)), "model": load_model, "gpu": load_gpu,
+        "cost": lambda v: RunConfig(cost=v), "engine": lambda v: RunConfig(engine=v),
+        "input_len_dist": parse_length_dist, "output_len_dist": parse_length_dist, "trace": trace_exists}
+    if name in checks and value is not None:
+        try:
+            checks[name](value)
+        except InputError as exc:
+            raise InputError(f"{flag(name)} lists {value!r}: {exc}") from None
+
+
 def read_sweep_file(path: Path, subject: str) -> pl.DataFrame:
     """A sweep's rows; `subject` starts the error line (the quoted path, or how --out came to be read)."""
     import polars as pl
@@ -119,6 +142,7 @@ class SweepSpec:
                 if value in seen:
                     raise InputError(f"{flag(name)} lists {value!r} twice")
                 seen.add(value)
+                check_name(name, value)
         # Validates them once for every configuration, and writes them as RunConfig.to_dict does.
         from simulator.cli import parse_goodput, parse_percentiles
         canonical = RunConfig(percentiles=parse_percentiles(self.percentiles),
@@ -253,6 +277,8 @@ class SweepOutcome:
     ran: int
     failed: list[tuple[str, str]]
     """(config_id, error) of this run's failures."""
+    succeeded: int
+    """Configurations of this sweep whose row holds no error, this run's and earlier ones."""
 
 
 def run_sweep(spec: SweepSpec, out: Path, *, jobs: int = 1, executor: str = "local", address: str | None = None,
@@ -304,7 +330,8 @@ def run_unlocked(spec: SweepSpec, out: Path, jobs: int, executor: str, address: 
         bar(0)
         store.flush(order)
     store.drop_parts()
-    return SweepOutcome(len(configs), len(configs) - len(todo), len(todo), failed)
+    succeeded = sum(1 for cid in order if store.rows[cid].get("error") is None)
+    return SweepOutcome(len(configs), len(configs) - len(todo), len(todo), failed, succeeded)
 
 
 def progress_bar(total: int, initial: int, show: bool) -> Callable[[int], None]:
@@ -350,7 +377,9 @@ def setting_options(command: Callable[..., Any]) -> Callable[..., Any]:
 def sweep_command(out: Path, spec_file: Path | None, jobs: int | None, executor: str, address: str | None,
                   tables_dir: Path | None, retry_failed: bool, percentiles: str | None, goodput: tuple[str, ...],
                   **settings: str | None) -> None:
-    """Run the cartesian product of run settings: `--rate 2,4,8 --policy static,chunked`."""
+    """Run the cartesian product of run settings: `--rate 2,4,8 --policy static,chunked`.
+
+    Exits 1 when every configuration failed (the rows, with their errors, are written)."""
     axes, sweep_wide = read_spec_file(spec_file) if spec_file is not None else ({}, {})
     for name, text in settings.items():
         if text is not None:
@@ -369,3 +398,5 @@ def sweep_command(out: Path, spec_file: Path | None, jobs: int | None, executor:
         click.echo(f"  {cid}: {error}")
     if len(outcome.failed) > 5:
         click.echo(f"  ... and {len(outcome.failed) - 5} more; see the 'error' column")
+    if outcome.succeeded == 0:
+        raise click.ClickException(f"every configuration failed; {out} holds their errors in its 'error' column")

@@ -136,3 +136,33 @@ def test_a_run_killed_while_writing_leaves_a_scratch_folder_the_next_run_removes
     assert code == 0, err
     assert hidden() == []
     assert sorted(p.name for p in tmp_path.iterdir()) == ["again"]
+
+
+def test_a_sweep_in_which_every_configuration_failed_exits_non_zero(tmp_path: Path,
+                                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "sweep.parquet"
+    # Without chunking a 1000-token prompt never fits a 256- or 512-token step.
+    args = ["sweep", "--policy", "continuous", "--max-num-batched-tokens", "256,512", "--max-num-seqs", "64",
+            "--input-len", "1000", *SMALL[:2], "--rate", "8", "--jobs", "1", "--out", str(out)]
+    code, stdout, err = simulate_cli(args, capsys)
+    assert code == 1 and "every configuration failed" in err and "2 failed" in stdout, err
+    assert pl.read_parquet(out)["error"].null_count() == 0  # the rows, with their errors, are kept
+    # One good configuration among them and the sweep succeeds.
+    code, stdout, _ = simulate_cli([*args[:4], "256,512,4096", *args[5:]], capsys)
+    assert code == 0 and "1 run now, 2 already done, 0 failed" in stdout
+
+
+@pytest.mark.parametrize(("axis", "named"), [
+    (["--policy", "continuous,foo"], "--policy lists 'foo'"),
+    (["--model", "llama-3.1-8b,no-such-model"], "--model lists 'no-such-model'"),
+    (["--gpu", "h100_sxm,b999"], "--gpu lists 'b999'"),
+    (["--cost", "roofline,guess"], "--cost lists 'guess'"),
+    (["--engine", "fast,warp"], "--engine lists 'warp'"),
+    (["--input-len-dist", "fixed,zipf"], "--input-len-dist lists 'zipf'"),
+    (["--trace", "none,no/such.csv"], "--trace lists 'no/such.csv'"),
+])
+def test_unknown_names_in_an_axis_are_refused_before_anything_runs(
+        axis: list[str], named: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = simulate_cli(["sweep", *axis, *SMALL, "--jobs", "1", "--out", str(tmp_path / "s.parquet")], capsys)
+    assert code == 2 and named in err and len(err.strip().splitlines()) == 1, err
+    assert list(tmp_path.iterdir()) == []
