@@ -177,11 +177,14 @@ def batch_table_command(context: int, batches: str, model: str, gpu: str, cost: 
     from simulator.cost import build_cost_model
     from simulator.hardware import load_gpu
     from simulator.model import load_model
-    from simulator.outputs import write_parquet
+    from simulator.outputs import check_writable, write_parquet
     from simulator.simulate import kv_cache_blocks
 
     if context < 1:
         raise InputError(f"--context must be a positive number of tokens, got {context}")
+    for path, flag in ((out, "--out"), (Path(plot) if plot else None, "--plot")):
+        if path is not None:
+            check_writable(path, flag)
     sizes = parse_int_list(batches, "--batch")
     spec, hardware = load_model(model), load_gpu(gpu)
     # KV capacity as a default continuous-batching server of this memory share would have it.

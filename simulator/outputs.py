@@ -14,6 +14,7 @@ import math
 import os
 import secrets
 import shutil
+import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -48,6 +49,7 @@ def write_parquet(frame: pl.DataFrame, path: Path, metadata: dict[str, Any]) -> 
     table = frame.to_arrow()
     table = table.replace_schema_metadata({METADATA_KEY: json.dumps(json_safe(metadata)).encode()})
     partial = path.with_name(f".{path.name}.partial")
+    path.parent.mkdir(parents=True, exist_ok=True)
     try:
         pq.write_table(table, partial)
         os.replace(partial, path)
@@ -73,6 +75,22 @@ def default_run_dir(root: Path, label: str) -> Path:
 def check_out_dir(out: Path) -> None:
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise InputError(f"--out {str(out)!r} already exists and is not an empty folder")
+    check_writable(out, "--out")
+
+
+def check_writable(path: Path, flag: str, *, inside: bool = False) -> None:
+    """Refuse, before any work, a path (a folder to write `inside`) whose nearest existing folder
+    takes no new files."""
+    folder = path if inside else path.parent
+    while not folder.exists():
+        folder = folder.parent
+    if not folder.is_dir():
+        raise InputError(f"cannot write {flag} {str(path)!r}: {str(folder)!r} is not a folder")
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".servesim-probe-", dir=folder))
+    except OSError as exc:
+        raise InputError(f"cannot write {flag} {str(path)!r}: the folder {str(folder)!r} takes no new files "
+                         f"({exc.strerror})") from None
 
 
 @contextmanager
@@ -114,15 +132,20 @@ def remove_stale_scratch(folder: Path) -> None:
 
 def write_run(out: Path, tables: dict[str, pl.DataFrame], summary: dict[str, Any],
               settings: dict[str, Any]) -> None:
+    """The run folder `out`, whole or not at all."""
     check_out_dir(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    remove_stale_scratch(out.parent)
-    with scratch_dir(out) as scratch:
-        metadata = {"settings": settings}
-        for name, frame in tables.items():
-            write_parquet(frame, scratch / f"{name}.parquet", metadata)
-        (scratch / "summary.json").write_text(
-            json.dumps(json_safe({"settings": settings, "summary": summary}), indent=2) + "\n")
-        if out.exists():
-            out.rmdir()
-        os.replace(scratch, out)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        remove_stale_scratch(out.parent)
+        with scratch_dir(out) as scratch:
+            metadata = {"settings": settings}
+            for name, frame in tables.items():
+                write_parquet(frame, scratch / f"{name}.parquet", metadata)
+            (scratch / "summary.json").write_text(
+                json.dumps(json_safe({"settings": settings, "summary": summary}), indent=2) + "\n")
+            if out.exists():
+                out.rmdir()
+            os.replace(scratch, out)
+    except OSError as exc:
+        where = f" ({exc.filename})" if exc.filename else ""
+        raise InputError(f"cannot write {str(out)!r}: {exc.strerror or exc}{where}") from None

@@ -180,6 +180,11 @@ def read_spec_file(path: Path) -> tuple[dict[str, list[Any]], dict[str, str]]:
         raise InputError(f"--file {str(path)!r} is not valid: {str(exc).splitlines()[0]}") from None
     if not isinstance(data, dict) or set(data) - {"axes", "fixed"}:
         raise InputError(f"--file {str(path)!r} takes only the tables 'axes' and 'fixed'")
+    for section, value in data.items():
+        if value is not None and not isinstance(value, dict):
+            raise InputError(f"'{section}' in --file {str(path)!r} must be a table of setting: value, got {value!r}")
+    if not any(data.values()):
+        raise InputError(f"--file {str(path)!r} sets nothing: give 'axes' (setting: [values]) or 'fixed'")
     axes: dict[str, list[Any]] = {}
     sweep_wide: dict[str, str] = {}
     for section in ("axes", "fixed"):
@@ -288,6 +293,7 @@ def run_sweep(spec: SweepSpec, out: Path, *, jobs: int = 1, executor: str = "loc
     One sweep at a time writes `out`: a second one is refused while the first holds its lock.
     """
     from simulator.locks import Busy, exclusive
+    from simulator.outputs import check_writable
 
     if out.is_dir():
         raise InputError(f"--out {str(out)!r} is a folder; give a .parquet file")
@@ -295,6 +301,9 @@ def run_sweep(spec: SweepSpec, out: Path, *, jobs: int = 1, executor: str = "loc
         raise InputError(f"--jobs must be a positive number of workers, got {jobs}")
     if address is not None and executor != "ray":
         raise InputError(f"--address {address!r} is for --executor ray")
+    check_writable(out, "--out")
+    if tables_dir is not None:
+        check_writable(tables_dir, "--tables", inside=True)
     out.parent.mkdir(parents=True, exist_ok=True)
     try:
         with exclusive(out.with_name(f".{out.name}.lock")):
