@@ -139,23 +139,28 @@ def main() -> None:
               help="Run folder [default: a new folder under results/].")
 @click.option("--tokens/--no-tokens", default=True, show_default=True,
               help="Write tokens.parquet, one row per output token (large: 300M rows for 1M requests).")
-def run_command(percentiles: str, goodput: tuple[str, ...], out: Path | None, tokens: bool, **settings: Any) -> None:
+@click.option("--quiet", is_flag=True, help="No progress bar on stderr (there is none unless stderr is a terminal).")
+def run_command(percentiles: str, goodput: tuple[str, ...], out: Path | None, tokens: bool, quiet: bool,
+                **settings: Any) -> None:
     """Simulate one configuration and print its summary."""
     from simulator.metrics import build_tables, summarize
     from simulator.outputs import check_out_dir, default_run_dir, write_run
+    from simulator.progress import progress_enabled, working
     from simulator.simulate import simulate
 
     config = RunConfig(percentiles=parse_percentiles(percentiles), goodput=parse_goodput(goodput), **settings)
     if out is not None:
         check_out_dir(out)
     result = simulate(config)
-    tables = build_tables(result, tokens=tokens)
+    progress = progress_enabled(quiet)
+    with working("building tables", enabled=progress):
+        tables = build_tables(result, tokens=tokens)
     summary = summarize(result, tables)
     label = f"{config.policy}-rate{config.rate:g}" if config.rate is not None else config.policy
     out = out or default_run_dir(RESULTS_DIR, label)
     settings_dict = config.to_dict() | {"kv_blocks": result.kv_blocks}
     written = {"requests": tables.requests, "steps": tables.steps} | ({"tokens": tables.tokens} if tokens else {})
-    write_run(out, written, summary, settings_dict)
+    write_run(out, written, summary, settings_dict, progress=progress)
     click.echo(format_summary(summary, config))
     click.echo(f"wrote {out}/ ({', '.join(sorted(written))} .parquet; summary.json)")
 

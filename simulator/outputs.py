@@ -15,7 +15,7 @@ import os
 import secrets
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -25,8 +25,11 @@ import pyarrow.parquet as pq
 
 from simulator.errors import InputError
 from simulator.locks import try_lock
+from simulator.progress import Bar
 
 METADATA_KEY = b"servesim"
+ROW_GROUP_ROWS = 1024 * 1024
+"""pyarrow's default row group; tables are written one group at a time to show progress."""
 SCRATCH_SUFFIX = ".scratch"
 
 
@@ -44,14 +47,20 @@ def json_safe(value: Any) -> Any:
     return value
 
 
-def write_parquet(frame: pl.DataFrame, path: Path, metadata: dict[str, Any]) -> None:
-    """Parquet with the run's settings in the file's key-value metadata under b"servesim"."""
+def write_parquet(frame: pl.DataFrame, path: Path, metadata: dict[str, Any],
+                  progress: Callable[[int], None] | None = None) -> None:
+    """Parquet with the run's settings in the file's key-value metadata under b"servesim";
+    `progress` is called with the rows written so far (the file is the same as pq.write_table's)."""
     table = frame.to_arrow()
     table = table.replace_schema_metadata({METADATA_KEY: json.dumps(json_safe(metadata)).encode()})
     partial = path.with_name(f".{path.name}.partial")
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
-        pq.write_table(table, partial)
+        with pq.ParquetWriter(partial, table.schema) as writer:
+            for offset in range(0, max(table.num_rows, 1), ROW_GROUP_ROWS):
+                writer.write_table(table.slice(offset, ROW_GROUP_ROWS), row_group_size=ROW_GROUP_ROWS)
+                if progress is not None:
+                    progress(min(offset + ROW_GROUP_ROWS, table.num_rows))
         os.replace(partial, path)
     finally:
         partial.unlink(missing_ok=True)
@@ -131,16 +140,24 @@ def remove_stale_scratch(folder: Path) -> None:
 
 
 def write_run(out: Path, tables: dict[str, pl.DataFrame], summary: dict[str, Any],
-              settings: dict[str, Any]) -> None:
-    """The run folder `out`, whole or not at all."""
+              settings: dict[str, Any], *, progress: bool = False) -> None:
+    """The run folder `out`, whole or not at all; `progress` draws a bar of rows written."""
     check_out_dir(out)
+    bar = Bar(sum(frame.height for frame in tables.values()), desc="writing", unit="row", scale=True,
+              enabled=progress)
+    written = 0
+
+    def advance(rows: int) -> None:
+        bar.advance(written + rows)
+
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
         remove_stale_scratch(out.parent)
         with scratch_dir(out) as scratch:
             metadata = {"settings": settings}
             for name, frame in tables.items():
-                write_parquet(frame, scratch / f"{name}.parquet", metadata)
+                write_parquet(frame, scratch / f"{name}.parquet", metadata, advance)
+                written += frame.height
             (scratch / "summary.json").write_text(
                 json.dumps(json_safe({"settings": settings, "summary": summary}), indent=2) + "\n")
             if out.exists():
@@ -149,3 +166,5 @@ def write_run(out: Path, tables: dict[str, pl.DataFrame], summary: dict[str, Any
     except OSError as exc:
         where = f" ({exc.filename})" if exc.filename else ""
         raise InputError(f"cannot write {str(out)!r}: {exc.strerror or exc}{where}") from None
+    finally:
+        bar.close()

@@ -315,6 +315,8 @@ def run_sweep(spec: SweepSpec, out: Path, *, jobs: int = 1, executor: str = "loc
 
 def run_unlocked(spec: SweepSpec, out: Path, jobs: int, executor: str, address: str | None,
                  tables_dir: Path | None, retry_failed: bool, progress: bool) -> SweepOutcome:
+    from simulator.progress import Bar
+
     configs = [(config_id(settings), settings) for settings in spec.settings()]
     order = {cid: i for i, (cid, _) in enumerate(configs)}
     store = SweepStore(out, spec.metadata())
@@ -324,39 +326,24 @@ def run_unlocked(spec: SweepSpec, out: Path, jobs: int, executor: str, address: 
     rows: Rows = (run_ray(todo, jobs, address, tables) if executor == "ray"
                                       else run_local(todo, jobs, tables))
     failed = []
-    bar = progress_bar(len(configs), len(configs) - len(todo), progress)
+    bar = Bar(len(configs), desc="sweep", unit="config", initial=len(configs) - len(todo), delay=0, enabled=progress)
+    bar.advance(bar.initial)
     try:
         for row in rows:
             store.commit(row, order)
             if row["error"] is not None:
                 failed.append((row["config_id"], row["error"]))
-            bar(1)
+            bar.advance(bar.done + 1)
     except WorkerDied as exc:
         raise click.ClickException(f"{exc}; the finished configurations are in {out}: rerun the same command "
                                    "to run the rest") from None
     finally:
         rows.close()  # stops the workers of an interrupted sweep
-        bar(0)
+        bar.close()
         store.flush(order)
     store.drop_parts()
     succeeded = sum(1 for cid in order if store.rows[cid].get("error") is None)
     return SweepOutcome(len(configs), len(configs) - len(todo), len(todo), failed, succeeded)
-
-
-def progress_bar(total: int, initial: int, show: bool) -> Callable[[int], None]:
-    """A tqdm bar on stderr (done/total, rate, ETA); call with 1 per row, 0 to close."""
-    if not show:
-        return lambda _n: None
-    from tqdm import tqdm
-
-    bar = tqdm(total=total, initial=initial, unit="config", desc="sweep", smoothing=0.1)
-
-    def update(n: int) -> None:
-        if n:
-            bar.update(n)
-        else:
-            bar.close()
-    return update
 
 
 def setting_options(command: Callable[..., Any]) -> Callable[..., Any]:
@@ -382,13 +369,16 @@ def setting_options(command: Callable[..., Any]) -> Callable[..., Any]:
 @click.option("--retry-failed", is_flag=True, help="Run again the configurations whose row holds an error.")
 @click.option("--percentiles", default=None, help="Latency percentiles of every summary [default: 50,90,99].")
 @click.option("--goodput", multiple=True, help="SLOs in ms, e.g. 'ttft:500 tpot:50'.")
+@click.option("--quiet", is_flag=True, help="No progress bar on stderr (there is none unless stderr is a terminal).")
 @setting_options
 def sweep_command(out: Path, spec_file: Path | None, jobs: int | None, executor: str, address: str | None,
                   tables_dir: Path | None, retry_failed: bool, percentiles: str | None, goodput: tuple[str, ...],
-                  **settings: str | None) -> None:
+                  quiet: bool, **settings: str | None) -> None:
     """Run the cartesian product of run settings: `--rate 2,4,8 --policy static,chunked`.
 
     Exits 1 when every configuration failed (the rows, with their errors, are written)."""
+    from simulator.progress import progress_enabled
+
     axes, sweep_wide = read_spec_file(spec_file) if spec_file is not None else ({}, {})
     for name, text in settings.items():
         if text is not None:
@@ -400,7 +390,7 @@ def sweep_command(out: Path, spec_file: Path | None, jobs: int | None, executor:
     spec = SweepSpec(axes, **sweep_wide)
     workers = jobs if jobs is not None else len(os.sched_getaffinity(0))
     outcome = run_sweep(spec, out, jobs=workers, executor=executor, address=address, tables_dir=tables_dir,
-                        retry_failed=retry_failed, progress=True)
+                        retry_failed=retry_failed, progress=progress_enabled(quiet))
     click.echo(f"wrote {out}: {outcome.total} configurations, {outcome.ran} run now, {outcome.skipped} already done, "
                f"{len(outcome.failed)} failed")
     for cid, error in outcome.failed[:5]:
