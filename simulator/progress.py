@@ -105,8 +105,12 @@ class RunProgress(Bar):
         self.sim_time = 0.0
 
     def update(self, completed: int, sim_time: float) -> None:
-        self.sim_time = sim_time
-        self.advance(completed)
+        # Bar.advance inlined: this runs once per engine step.
+        self.done, self.sim_time = completed, sim_time
+        if self.enabled:
+            self.countdown -= 1
+            if self.countdown <= 0:
+                self.check_clock()
 
     def detail(self) -> str:
         return f"sim {self.sim_time:,.1f} s"
