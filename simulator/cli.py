@@ -10,7 +10,6 @@ import math
 import re
 import sys
 from collections.abc import Callable
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -180,15 +179,17 @@ def setting(name: str, *aliases: str, help: str, **kwargs: Any) -> Callable[[Cal
               help="Folder of the --save-result JSON [default: the current folder].")
 @click.option("--result-filename", default=None,
               help="Name of the --save-result JSON [default: servesim-RATEqps-MODEL-DATE.json, as vLLM].")
+@click.option("--quiet", is_flag=True, help="No progress bar on stderr (there is none unless stderr is a terminal).")
 def run_command(percentiles: str, percentile_metrics: str, goodput: tuple[str, ...], out: Path | None, tokens: bool,
                 random_range_ratio: float | None, enable_chunked_prefill: bool, save_result: bool,
-                save_detailed: bool, result_dir: Path | None, result_filename: str | None,
+                save_detailed: bool, result_dir: Path | None, result_filename: str | None, quiet: bool,
                 **settings: Any) -> None:
     """Simulate one configuration and print its summary."""
     from simulator.metrics import build_tables, summarize
     from simulator.outputs import check_out_dir, default_run_dir, write_run
+    from simulator.progress import progress_enabled, working
     from simulator.simulate import simulate
-    from simulator.tokens import write_tokens
+    from simulator.tokens import TokensTable
 
     given = typed_options()
     settings |= vllm_settings(given, settings["policy"], random_range_ratio, enable_chunked_prefill)
@@ -204,16 +205,18 @@ def run_command(percentiles: str, percentile_metrics: str, goodput: tuple[str, .
     result_file = result_path(config, result_dir, result_filename, now) if save_result else None
     if out is not None:
         check_out_dir(out)
-    result = simulate(config)
-    tables = build_tables(result, tokens=save_result)  # a run folder's tokens table is streamed below
+    progress = progress_enabled(quiet)
+    result = simulate(config, progress=progress)
+    with working("building tables", enabled=progress):
+        tables = build_tables(result, tokens=save_result)  # a run folder's tokens table is streamed below
     summary = summarize(result, tables)
     label = f"{config.policy}-rate{config.rate:g}" if config.rate is not None else config.policy
     out = out or default_run_dir(RESULTS_DIR, label)
     settings_dict = config.to_dict() | {"kv_blocks": result.kv_blocks}
     written: dict[str, Any] = {"requests": tables.requests, "steps": tables.steps}
     if tokens:
-        written["tokens"] = partial(write_tokens, result.log)
-    write_run(out, written, summary, settings_dict)
+        written["tokens"] = TokensTable(result.log)
+    write_run(out, written, summary, settings_dict, progress=progress)
     click.echo(format_summary(summary, config, metrics))
     click.echo(f"wrote {out}/ ({', '.join(sorted(written))} .parquet; summary.json)")
     if result_file is not None:

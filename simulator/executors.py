@@ -9,7 +9,9 @@ from __future__ import annotations
 import concurrent.futures as cf
 import logging
 import multiprocessing
+import os
 import shutil
+import threading
 from collections.abc import Generator
 from pathlib import Path
 from typing import Any
@@ -66,6 +68,23 @@ def run_config(config_id: str, settings: dict[str, Any], tables_dir: str | None)
     return row | {"error": None} | summary
 
 
+PARENT_POLL_SECONDS = 0.5
+
+
+def exit_with_parent(parent: int) -> None:
+    """A pool worker's initializer: end the worker once its parent is gone.
+
+    A parent killed outright (SIGKILL) cannot stop its pool, and a worker blocked on the pool's
+    queue would live on, orphaned, holding the resource tracker open too.
+    """
+    def watch() -> None:
+        while os.getppid() == parent:
+            threading.Event().wait(PARENT_POLL_SECONDS)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="exit with parent", daemon=True).start()
+
+
 Todo = list[tuple[str, dict[str, Any]]]
 Rows = Generator[dict[str, Any], None, None]
 
@@ -81,7 +100,8 @@ def run_local(todo: Todo, jobs: int, tables_dir: str | None) -> Rows:
         yield from run_inline(todo, tables_dir)
         return
     # Spawned, not forked: polars' thread pool does not survive a fork.
-    pool = cf.ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn"))
+    pool = cf.ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn"),
+                                  initializer=exit_with_parent, initargs=(os.getpid(),))
     try:
         futures = [pool.submit(run_config, config_id, settings, tables_dir) for config_id, settings in todo]
         for future in cf.as_completed(futures):

@@ -38,8 +38,8 @@ from simulator.errors import InputError
 from simulator.kv import KVBlocks
 from simulator.queues import make_queues
 from simulator.request import Request
-from simulator.steplog import StepLog
 from simulator.step import PaddedBatch, Policy, Step
+from simulator.steplog import StepLog
 
 Process = Generator[simpy.Event, Any, None]
 
@@ -73,7 +73,8 @@ class Server:
     """A GPU: waiting queue, running set, KV blocks, a policy and a cost model, as a SimPy process."""
 
     def __init__(self, env: Clock, policy: Policy, cost: CostModel, kv: KVBlocks, log: StepLog,
-                 time_limit: float | None = None, on_finish: Callable[[Request, float], None] | None = None) -> None:
+                 time_limit: float | None = None, on_finish: Callable[[Request, float], None] | None = None,
+                 on_step: Callable[[int, float], None] | None = None) -> None:
         self.env = env
         self.policy = policy
         self.cost = cost
@@ -81,6 +82,9 @@ class Server:
         self.log = log
         self.limit = math.inf if time_limit is None else time_limit
         self.on_finish = on_finish
+        self.on_step = on_step
+        """Told (requests finished, clock) before every step: a progress bar."""
+        self.num_finished = 0
         self._waiting, self._order = make_queues(policy.scheduling)
         self.decoders = Decoders(kv.block_size, log)
         self.explicit: list[Request] = []
@@ -151,7 +155,10 @@ class Server:
     def _serve(self) -> Process:
         from simulator.stretch import decode_stretch
 
+        on_step = self.on_step
         while True:
+            if on_step is not None:
+                on_step(self.num_finished, self.clock)
             step = self.policy(self)
             decode = step.decode and self.decoders.count > 0
             if not step.tokens and not decode:
@@ -337,6 +344,7 @@ class Server:
         else:
             self.explicit.remove(request)
         request.finish = at
+        self.num_finished += 1
         batch = self.batch
         if batch is None:
             self._kv.release(request)

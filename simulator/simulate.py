@@ -9,13 +9,14 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from policies import build_policy
+from simulator.clock import Clock
 from simulator.config import RunConfig
 from simulator.cost import CostModel, build_cost_model
-from simulator.clock import Clock
 from simulator.errors import InputError
 from simulator.hardware import GpuSpec, load_gpu
 from simulator.kv import KVBlocks, activation_reserve_bytes, kv_capacity_blocks
 from simulator.model import ModelSpec, load_model
+from simulator.progress import RunProgress
 from simulator.request import Request, RequestColumns
 from simulator.server import Process, Server
 from simulator.step import Policy
@@ -114,9 +115,9 @@ Engine = Callable[[Policy, CostModel, int, int, Workload, float | None], tuple[R
 
 
 def simulate(config: RunConfig, workload: Workload | None = None, cost: CostModel | None = None,
-             engine: Engine | None = None) -> RunResult:
+             engine: Engine | None = None, progress: bool = False) -> RunResult:
     """Run `config` on its own workload (or the one given) with its cost model (or the one given);
-    `engine` replaces `run_engine` (the tests' oracle)."""
+    `engine` replaces `run_engine` (the tests' oracle); `progress` draws a bar on stderr."""
     model = load_model(config.model)
     gpu = load_gpu(config.gpu)
     policy = build_policy(config)
@@ -125,13 +126,22 @@ def simulate(config: RunConfig, workload: Workload | None = None, cost: CostMode
     kv_blocks = kv_cache_blocks(config, model, gpu, int(workload.prompt_tokens.max()))
     check_fits(workload, config, model, kv_blocks)
     cost = cost or build_cost_model(config, model, gpu)
-    requests, log, end_time = (engine or run_engine)(policy, cost, kv_blocks, config.block_size, workload, config.time_limit)
+    if engine is not None:
+        requests, log, end_time = engine(policy, cost, kv_blocks, config.block_size, workload, config.time_limit)
+    else:
+        bar = RunProgress(workload.num_requests, enabled=progress)
+        try:
+            requests, log, end_time = run_engine(policy, cost, kv_blocks, config.block_size, workload,
+                                                 config.time_limit, bar.update if progress else None)
+        finally:
+            bar.close()
     return RunResult(config, model, gpu, kv_blocks, requests, log, workload.num_requests, end_time,
                      dict(cost.extrapolated), tuple(cost.notes))
 
 
 def run_engine(policy: Policy, cost: CostModel, kv_blocks: int, block_size: int, workload: Workload,
-               time_limit: float | None) -> tuple[RequestColumns, StepLog, float]:
+               time_limit: float | None, on_step: Callable[[int, float], None] | None = None
+               ) -> tuple[RequestColumns, StepLog, float]:
     """One server in a SimPy environment, fed by an arrival process (open loop) or by clients that
     send their next request when the last one finishes (closed loop)."""
     env = Clock()
@@ -152,12 +162,13 @@ def run_engine(policy: Policy, cost: CostModel, kv_blocks: int, block_size: int,
             if len(requests) < workload.num_requests:
                 server.submit(make_request(at), at)
 
-        server = Server(env, policy, cost, KVBlocks(kv_blocks, block_size), log, time_limit, on_finish=next_client)
+        server = Server(env, policy, cost, KVBlocks(kv_blocks, block_size), log, time_limit, on_finish=next_client,
+                        on_step=on_step)
         assert workload.concurrency is not None
         for _ in range(min(workload.concurrency, workload.num_requests)):
             server.submit(make_request(0.0))
     else:
-        server = Server(env, policy, cost, KVBlocks(kv_blocks, block_size), log, time_limit)
+        server = Server(env, policy, cost, KVBlocks(kv_blocks, block_size), log, time_limit, on_step=on_step)
         arrivals = workload.arrival.tolist()
 
         def arrive() -> Process:

@@ -89,6 +89,29 @@ def setting_name(key: str) -> str:
     return name
 
 
+def check_name(name: str, value: Any) -> None:
+    """Refuse an unknown name (policy, model, GPU, ...) before any configuration runs, as a value of
+    the wrong type is; other settings are checked per configuration, where they meet the rest."""
+    from policies import build_policy
+    from simulator.hardware import load_gpu
+    from simulator.model import load_model
+    from workloads import parse_length_dist
+
+    def trace_exists(path: str) -> None:
+        if not Path(path).is_file():
+            raise InputError(f"no such trace file {path!r}")
+
+    checks: dict[str, Callable[[Any], object]] = {
+        "policy": lambda v: build_policy(RunConfig(policy=v)), "model": load_model, "gpu": load_gpu,
+        "cost": lambda v: RunConfig(cost=v), "engine": lambda v: RunConfig(engine=v),
+        "input_len_dist": parse_length_dist, "output_len_dist": parse_length_dist, "trace": trace_exists}
+    if name in checks and value is not None:
+        try:
+            checks[name](value)
+        except InputError as exc:
+            raise InputError(f"{flag(name)} lists {value!r}: {exc}") from None
+
+
 def read_sweep_file(path: Path, subject: str) -> pl.DataFrame:
     """A sweep's rows; `subject` starts the error line (the quoted path, or how --out came to be read)."""
     import polars as pl
@@ -119,6 +142,7 @@ class SweepSpec:
                 if value in seen:
                     raise InputError(f"{flag(name)} lists {value!r} twice")
                 seen.add(value)
+                check_name(name, value)
         # Validates them once for every configuration, and writes them as RunConfig.to_dict does.
         canonical = RunConfig(percentiles=parse_percentiles(self.percentiles),
                               goodput=parse_goodput((self.goodput,))).to_dict()
@@ -155,6 +179,11 @@ def read_spec_file(path: Path) -> tuple[dict[str, list[Any]], dict[str, str]]:
         raise InputError(f"--file {str(path)!r} is not valid: {str(exc).splitlines()[0]}") from None
     if not isinstance(data, dict) or set(data) - {"axes", "fixed"}:
         raise InputError(f"--file {str(path)!r} takes only the tables 'axes' and 'fixed'")
+    for section, value in data.items():
+        if value is not None and not isinstance(value, dict):
+            raise InputError(f"'{section}' in --file {str(path)!r} must be a table of setting: value, got {value!r}")
+    if not any(data.values()):
+        raise InputError(f"--file {str(path)!r} sets nothing: give 'axes' (setting: [values]) or 'fixed'")
     axes: dict[str, list[Any]] = {}
     sweep_wide: dict[str, str] = {}
     for section in ("axes", "fixed"):
@@ -214,11 +243,17 @@ class SweepStore:
             self.flush(order)
 
     def flush(self, order: dict[str, int]) -> None:
-        """Rewrite --out from every committed row: this sweep's in product order, then older ones."""
+        """Rewrite --out from every committed row: this sweep's in product order, then older ones.
+
+        With no row yet (interrupted before any configuration finished) there is nothing to write:
+        a file of no rows and no columns would not be a sweep file to resume.
+        """
         import polars as pl
 
         from simulator.outputs import write_parquet
 
+        if not self.rows:
+            return
         ids = sorted(self.rows, key=lambda cid: order.get(cid, len(order)))
         frame = pl.from_dicts([self.rows[cid] for cid in ids], infer_schema_length=None,
                               schema_overrides=settings_schema())
@@ -246,20 +281,43 @@ class SweepOutcome:
     ran: int
     failed: list[tuple[str, str]]
     """(config_id, error) of this run's failures."""
+    succeeded: int
+    """Configurations of this sweep whose row holds no error, this run's and earlier ones."""
 
 
 def run_sweep(spec: SweepSpec, out: Path, *, jobs: int = 1, executor: str = "local", address: str | None = None,
               tables_dir: Path | None = None, retry_failed: bool = False, progress: bool = False) -> SweepOutcome:
-    """Run every configuration of `spec` not already in `out`, committing each row as it finishes."""
+    """Run every configuration of `spec` not already in `out`, committing each row as it finishes.
+
+    One sweep at a time writes `out`: a second one is refused while the first holds its lock.
+    """
+    from simulator.locks import Busy, exclusive
+    from simulator.outputs import check_writable
+
     if out.is_dir():
         raise InputError(f"--out {str(out)!r} is a folder; give a .parquet file")
     if jobs < 1:
         raise InputError(f"--jobs must be a positive number of workers, got {jobs}")
     if address is not None and executor != "ray":
         raise InputError(f"--address {address!r} is for --executor ray")
+    check_writable(out, "--out")
+    if tables_dir is not None:
+        check_writable(tables_dir, "--tables", inside=True)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        with exclusive(out.with_name(f".{out.name}.lock")):
+            return run_unlocked(spec, out, jobs, executor, address, tables_dir, retry_failed, progress)
+    except Busy as holder:
+        raise InputError(f"--out {str(out)!r} is being written by another sweep ({holder}); when it ends, rerun "
+                         "this command to add this sweep's rows") from None
+
+
+def run_unlocked(spec: SweepSpec, out: Path, jobs: int, executor: str, address: str | None,
+                 tables_dir: Path | None, retry_failed: bool, progress: bool) -> SweepOutcome:
+    from simulator.progress import Bar
+
     configs = [(config_id(settings), settings) for settings in spec.settings()]
     order = {cid: i for i, (cid, _) in enumerate(configs)}
-    out.parent.mkdir(parents=True, exist_ok=True)
     store = SweepStore(out, spec.metadata())
     done = store.done(retry_failed)
     todo = [(cid, settings) for cid, settings in configs if cid not in done]
@@ -267,38 +325,24 @@ def run_sweep(spec: SweepSpec, out: Path, *, jobs: int = 1, executor: str = "loc
     rows: Rows = (run_ray(todo, jobs, address, tables) if executor == "ray"
                                       else run_local(todo, jobs, tables))
     failed = []
-    bar = progress_bar(len(configs), len(configs) - len(todo), progress)
+    bar = Bar(len(configs), desc="sweep", unit="config", initial=len(configs) - len(todo), delay=0, enabled=progress)
+    bar.advance(bar.initial)
     try:
         for row in rows:
             store.commit(row, order)
             if row["error"] is not None:
                 failed.append((row["config_id"], row["error"]))
-            bar(1)
+            bar.advance(bar.done + 1)
     except WorkerDied as exc:
         raise click.ClickException(f"{exc}; the finished configurations are in {out}: rerun the same command "
                                    "to run the rest") from None
     finally:
         rows.close()  # stops the workers of an interrupted sweep
-        bar(0)
+        bar.close()
         store.flush(order)
     store.drop_parts()
-    return SweepOutcome(len(configs), len(configs) - len(todo), len(todo), failed)
-
-
-def progress_bar(total: int, initial: int, show: bool) -> Callable[[int], None]:
-    """A tqdm bar on stderr (done/total, rate, ETA); call with 1 per row, 0 to close."""
-    if not show:
-        return lambda _n: None
-    from tqdm import tqdm
-
-    bar = tqdm(total=total, initial=initial, unit="config", desc="sweep", smoothing=0.1)
-
-    def update(n: int) -> None:
-        if n:
-            bar.update(n)
-        else:
-            bar.close()
-    return update
+    succeeded = sum(1 for cid in order if store.rows[cid].get("error") is None)
+    return SweepOutcome(len(configs), len(configs) - len(todo), len(todo), failed, succeeded)
 
 
 def setting_options(command: Callable[..., Any]) -> Callable[..., Any]:
@@ -324,11 +368,16 @@ def setting_options(command: Callable[..., Any]) -> Callable[..., Any]:
 @click.option("--retry-failed", is_flag=True, help="Run again the configurations whose row holds an error.")
 @click.option("--percentiles", default=None, help="Latency percentiles of every summary [default: 50,90,99].")
 @click.option("--goodput", multiple=True, help="SLOs in ms, e.g. 'ttft:500 tpot:50'.")
+@click.option("--quiet", is_flag=True, help="No progress bar on stderr (there is none unless stderr is a terminal).")
 @setting_options
 def sweep_command(out: Path, spec_file: Path | None, jobs: int | None, executor: str, address: str | None,
                   tables_dir: Path | None, retry_failed: bool, percentiles: str | None, goodput: tuple[str, ...],
-                  **settings: str | None) -> None:
-    """Run the cartesian product of run settings: `--rate 2,4,8 --policy static,chunked`."""
+                  quiet: bool, **settings: str | None) -> None:
+    """Run the cartesian product of run settings: `--rate 2,4,8 --policy static,chunked`.
+
+    Exits 1 when every configuration failed (the rows, with their errors, are written)."""
+    from simulator.progress import progress_enabled
+
     axes, sweep_wide = read_spec_file(spec_file) if spec_file is not None else ({}, {})
     for name, text in settings.items():
         if text is not None:
@@ -340,10 +389,12 @@ def sweep_command(out: Path, spec_file: Path | None, jobs: int | None, executor:
     spec = SweepSpec(axes, **sweep_wide)
     workers = jobs if jobs is not None else len(os.sched_getaffinity(0))
     outcome = run_sweep(spec, out, jobs=workers, executor=executor, address=address, tables_dir=tables_dir,
-                        retry_failed=retry_failed, progress=True)
+                        retry_failed=retry_failed, progress=progress_enabled(quiet))
     click.echo(f"wrote {out}: {outcome.total} configurations, {outcome.ran} run now, {outcome.skipped} already done, "
                f"{len(outcome.failed)} failed")
     for cid, error in outcome.failed[:5]:
         click.echo(f"  {cid}: {error}")
     if len(outcome.failed) > 5:
         click.echo(f"  ... and {len(outcome.failed) - 5} more; see the 'error' column")
+    if outcome.succeeded == 0:
+        raise click.ClickException(f"every configuration failed; {out} holds their errors in its 'error' column")

@@ -10,7 +10,8 @@ next one are counted one by one.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -71,12 +72,26 @@ def tokens_table(log: StepLog) -> pl.DataFrame:
     return pl.concat(chunks) if chunks else pl.DataFrame(schema=TOKENS_SCHEMA)
 
 
-def write_tokens(log: StepLog, path: Path, metadata: dict[bytes, bytes]) -> None:
-    """The tokens table as Parquet, one row group per chunk: memory stays bounded however many rows."""
-    schema = pl.DataFrame(schema=TOKENS_SCHEMA).to_arrow().schema.with_metadata(metadata)
-    with pq.ParquetWriter(path, schema) as writer:
-        for chunk in token_chunks(log):
-            writer.write_table(chunk.to_arrow().replace_schema_metadata(metadata))
+@dataclass
+class TokensTable:
+    """The tokens table of a run, streamed to Parquet one row group per chunk (`token_chunks`), so
+    memory stays bounded however many rows it has."""
+
+    log: StepLog
+
+    @property
+    def height(self) -> int:
+        return len(self.log.token_request) + int(self.log.column("run_count").sum())
+
+    def write(self, path: Path, metadata: dict[bytes, bytes], progress: Callable[[int], None] | None = None) -> None:
+        schema = pl.DataFrame(schema=TOKENS_SCHEMA).to_arrow().schema.with_metadata(metadata)
+        written = 0
+        with pq.ParquetWriter(path, schema) as writer:
+            for chunk in token_chunks(self.log):
+                writer.write_table(chunk.to_arrow().replace_schema_metadata(metadata))
+                written += chunk.height
+                if progress is not None:
+                    progress(written)
 
 
 def itl_histogram(log: StepLog, keep: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:

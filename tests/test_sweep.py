@@ -113,12 +113,18 @@ def test_bad_input_is_one_line_and_writes_nothing(args: list[str], named: str, t
 
 def test_bad_sweep_files(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     for text, named in (("axes:\n  rat: [1, 2]\n", "'rat'"), ("axes:\n  rate: 4\n", "rate"),
-                        ("fixed:\n  seed: [1, 2]\n", "seed"), ("sweep:\n  rate: [1]\n", "'axes'")):
+                        ("fixed:\n  seed: [1, 2]\n", "seed"), ("sweep:\n  rate: [1]\n", "'axes'"),
+                        ("axes: 5\n", "'axes'"), ("fixed: [rate]\n", "'fixed'"), ("", "sets nothing"),
+                        ("axes:\nfixed:\n", "sets nothing")):
         spec = tmp_path / "s.yaml"
         spec.write_text(text)
         code, _, err = simulate_cli(["sweep", "--file", str(spec), "--out", str(tmp_path / "x.parquet")], capsys)
         assert code == 2 and len(err.strip().splitlines()) == 1 and named in err, err
         assert not (tmp_path / "x.parquet").exists()
+    (tmp_path / "empty.toml").write_text("")
+    code, _, err = simulate_cli(["sweep", "--file", str(tmp_path / "empty.toml"), "--out", str(tmp_path / "x.parquet")],
+                                capsys)
+    assert code == 2 and "sets nothing" in err and not (tmp_path / "x.parquet").exists()
 
 
 def test_an_existing_file_that_is_no_sweep_is_kept(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
