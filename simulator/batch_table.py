@@ -1,7 +1,8 @@
 """The chapter's batch-size sweep: decode step time against batch at a fixed context length.
 
 Each row is one decode step of `batch` sequences that each attend to `context` tokens: bytes moved
-(weights once, KV per sequence), step time from the cost model, and the two "tokens per second"
+on one GPU (weights once, KV per sequence; a mixture of experts counted with every expert), step
+time from the cost model and the part of it spent in all-reduces, and the two "tokens per second"
 (each request's rate, and the aggregate). The knee is the batch whose KV reads equal the weight
 reads; the ceiling is the batch whose KV fills the card.
 """
@@ -28,16 +29,20 @@ class BatchTable:
 
 def batch_table(model: ModelSpec, cost: CostModel, context: int, batches: list[int],
                 kv_capacity_tokens: int) -> BatchTable:
+    """The table for one GPU: `model` is what that GPU holds (`ModelSpec.shard`), `cost` its cost
+    model, `kv_capacity_tokens` the tokens its KV cache holds."""
     weight_bytes = model.weight_bytes_per_step
     kv_per_seq = context * model.kv_bytes_per_token
     records = []
     for batch in batches:
-        step = cost.step_time(StepShape.from_rows([(1, context)] * batch))
+        shape = StepShape.from_rows([(1, context)] * batch)
+        step = cost.step_time(shape)
         kv_bytes = batch * kv_per_seq
         records.append({
             "batch": batch,
             "context": context,
             "step_time": step,
+            "all_reduce_time": cost.breakdown(shape)["collectives"],
             "weight_bytes": weight_bytes,
             "kv_bytes": kv_bytes,
             "total_bytes": weight_bytes + kv_bytes,

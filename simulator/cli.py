@@ -16,6 +16,7 @@ from click_default_group import DefaultGroup
 
 from simulator.config import RunConfig
 from simulator.errors import InputError
+from simulator.options import deployment_options
 
 RESULTS_DIR = Path("results")
 
@@ -108,6 +109,7 @@ def main() -> None:
               help="Step times from the profile's measured kernels, or from the roofline alone.")
 @click.option("--engine", type=click.Choice(["fast", "reference"]), default="fast", show_default=True,
               help="fast, or the one-event-per-step reference engine (identical results, ~30-100x slower).")
+@deployment_options
 @click.option("--rate", type=float, default=None, help="Open loop: requests/s (Poisson; inf = all at once).")
 @click.option("--burstiness", type=float, default=1.0, show_default=True,
               help="Gamma shape of inter-arrival gaps (1 = Poisson), as vllm bench serve.")
@@ -167,33 +169,44 @@ def run_command(percentiles: str, goodput: tuple[str, ...], out: Path | None, to
 @click.option("--gpu", default="h100_sxm", show_default=True)
 @click.option("--cost", type=click.Choice(["measured", "roofline"]), default="roofline", show_default=True)
 @click.option("--gpu-memory-utilization", type=float, default=0.9, show_default=True)
+@deployment_options
 @click.option("--out", type=click.Path(path_type=Path), default=None, help="Write the table as Parquet.")
 @click.option("--plot", default=None, is_flag=False, flag_value="", metavar="[FILE.html]",
               help="Draw the table [default file: --out's name as .html, or results/batch-table-CONTEXT.html].")
 def batch_table_command(context: int, batches: str, model: str, gpu: str, cost: str, gpu_memory_utilization: float,
-                        out: Path | None, plot: str | None) -> None:
+                        tensor_parallel_size: int, quantization: str | None, kv_cache_dtype: str, out: Path | None,
+                        plot: str | None) -> None:
     """The chapter's table: decode step time and tokens/s against batch size."""
     from simulator.batch_table import batch_table
     from simulator.cost import build_cost_model
     from simulator.hardware import load_gpu
     from simulator.model import load_model
     from simulator.outputs import write_parquet
-    from simulator.simulate import kv_cache_blocks
+    from simulator.simulate import gpu_shard, kv_cache_blocks
 
     if context < 1:
         raise InputError(f"--context must be a positive number of tokens, got {context}")
     sizes = parse_int_list(batches, "--batch")
     spec, hardware = load_model(model), load_gpu(gpu)
     # KV capacity as a default continuous-batching server of this memory share would have it.
-    config = RunConfig(model=model, gpu=gpu, cost=cost, gpu_memory_utilization=gpu_memory_utilization)
+    config = RunConfig(model=model, gpu=gpu, cost=cost, gpu_memory_utilization=gpu_memory_utilization,
+                       tensor_parallel_size=tensor_parallel_size, quantization=quantization,
+                       kv_cache_dtype=kv_cache_dtype)
     capacity = kv_cache_blocks(config, spec, hardware, context) * config.block_size
-    table = batch_table(spec, build_cost_model(config, spec, hardware), context, sizes, capacity)
+    shard = gpu_shard(config, spec)
+    table = batch_table(shard, build_cost_model(config, spec, hardware), context, sizes, capacity)
     rows = table.rows
-    click.echo(f"{spec.name} on {hardware.name}, {context}-token contexts, decode steps")
-    click.echo(f"{'batch':>6}{'step ms':>10}{'weights GB':>12}{'KV GB':>9}{'GB/s':>8}{'tok/s/req':>11}"
-               f"{'tok/s total':>13}")
+    parallel = tensor_parallel_size > 1
+    dtypes = (shard.weight_dtype or shard.dtype, shard.kv_cache_dtype or shard.dtype)
+    click.echo(f"{spec.name} on {hardware.name}, {context}-token contexts, decode steps"
+               + (f"; weights {dtypes[0]}, KV {dtypes[1]}" if dtypes != (shard.dtype, shard.dtype) else "")
+               + (f"; per GPU of {tensor_parallel_size} (tensor parallel)" if parallel else ""))
+    click.echo(f"{'batch':>6}{'step ms':>10}" + (f"{'all-reduce ms':>15}" if parallel else "")
+               + f"{'weights GB':>12}{'KV GB':>9}{'GB/s':>8}{'tok/s/req':>11}{'tok/s total':>13}")
     for r in rows.iter_rows(named=True):
-        click.echo(f"{r['batch']:>6}{r['step_time'] * 1e3:>10.2f}{r['weight_bytes'] / 1e9:>12.2f}"
+        click.echo(f"{r['batch']:>6}{r['step_time'] * 1e3:>10.2f}"
+                   + (f"{r['all_reduce_time'] * 1e3:>15.2f}" if parallel else "")
+                   + f"{r['weight_bytes'] / 1e9:>12.2f}"
                    f"{r['kv_bytes'] / 1e9:>9.2f}{r['achieved_bandwidth'] / 1e9:>8.0f}"
                    f"{r['per_request_tokens_per_s']:>11.1f}{r['aggregate_tokens_per_s']:>13.0f}")
     click.echo(f"knee (KV bytes = weight bytes): batch {table.knee_batch:.1f}")

@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from simulator.errors import InputError
+from simulator.model import KV_CACHE_DTYPES, QUANTIZATIONS
 
 GOODPUT_METRICS = ("ttft", "tpot", "e2el")
 ENGINES = ("fast", "reference")
@@ -26,6 +27,12 @@ class RunConfig:
     cost: str = "roofline"
     """Step-time model: the `roofline` over the profile's fitted rates, or its `measured` kernel tables
     (not the default: on the H100 it runs 11% under the chapter's batch-128 decode step)."""
+    tensor_parallel_size: int = 1
+    """GPUs the model is split across (vLLM's tensor parallelism); sizes and times are per GPU."""
+    quantization: str | None = None
+    """`fp8`: the linear layers' weights in fp8 (a checkpoint quantised to fp8 is so already)."""
+    kv_cache_dtype: str = "auto"
+    """`auto` (the model's dtype) or `fp8`: the KV cache's element type."""
     engine: str = "fast"
     """`fast` (O(1) work per step, k quiet decode steps at a time) or `reference` (one SimPy event per
     step); both give identical tables. A policy the fast engine does not know runs on the reference."""
@@ -69,11 +76,17 @@ class RunConfig:
             raise InputError(f"unknown --cost {self.cost!r} (choose from measured, roofline)")
         if self.engine not in ENGINES:
             raise InputError(f"unknown --engine {self.engine!r} (choose from {', '.join(ENGINES)})")
-        positive_ints = ("max_num_seqs", "max_num_batched_tokens", "max_batch_size", "block_size", "input_len",
-                         "output_len")
+        if self.quantization not in (None, *QUANTIZATIONS):
+            raise InputError(f"unknown --quantization {self.quantization!r} "
+                             f"(choose from {', '.join(QUANTIZATIONS)})")
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise InputError(f"unknown --kv-cache-dtype {self.kv_cache_dtype!r} "
+                             f"(choose from {', '.join(KV_CACHE_DTYPES)})")
+        positive_ints = ("tensor_parallel_size", "max_num_seqs", "max_num_batched_tokens", "max_batch_size",
+                         "block_size", "input_len", "output_len")
         for name in positive_ints:
             value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise InputError(f"--{name.replace('_', '-')} must be a positive integer, got {value!r}")
         if self.policy != "static" and self.max_num_batched_tokens < self.max_num_seqs:
             # vLLM refuses this too: a decode step of every running sequence would break the budget.
