@@ -40,7 +40,6 @@ def build_cost_model(config: RunConfig, model: ModelSpec, gpu: GpuSpec) -> CostM
     if config.cost == "roofline":
         all_reduce = None
         if tp > 1 and (profile_dir(config.gpu) / "profile.json").exists():
-            notes: list[str] = []
-            all_reduce = AllReduce(tp, gpu, load_profile(config.gpu).tables["collectives"], notes)
+            all_reduce = AllReduce(tp, gpu, load_profile(config.gpu).tables["collectives"])
         return RooflineCost(deployed, gpu, tp, all_reduce)
     return measured_cost(deployed, config.gpu, tp)

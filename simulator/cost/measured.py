@@ -120,7 +120,9 @@ def build_tables(model: ModelSpec, profile: Profile, tensor_parallel_size: int =
 
     all_reduce = None
     if tensor_parallel_size > 1:
-        all_reduce = AllReduce(tensor_parallel_size, gpu, profile.tables["collectives"], notes)
+        all_reduce = AllReduce(tensor_parallel_size, gpu, profile.tables["collectives"])
+        if all_reduce.note is not None:
+            notes.append(all_reduce.note)
     return MeasuredTables(rank, gpu, layer_gemms, lm_head, lm_head_nk, base, decode, decode_scale, prefill,
                           prefill_scale, tuple(elementwise), moe, moe_table, all_reduce, tensor_parallel_size,
                           profile.step_overhead, tuple(notes))

@@ -21,17 +21,19 @@ class AllReduce:
     GPU count never measured, a ring all-reduce on the interconnect: latency + 2 (N - 1) / N x bytes
     / bandwidth (NVLink's per-GPU bandwidth from the profile's system data)."""
 
-    def __init__(self, num_gpus: int, gpu: GpuSpec, collectives: pl.DataFrame | None, notes: list[str]) -> None:
+    def __init__(self, num_gpus: int, gpu: GpuSpec, collectives: pl.DataFrame | None) -> None:
         self.num_gpus = num_gpus
         if gpu.interconnect_bw is None:
             raise InputError(f"GPU profile {gpu.name!r} has no interconnect_bw: cannot price "
                              f"--tensor-parallel-size {num_gpus}")
         self.bandwidth, self.latency = gpu.interconnect_bw, gpu.interconnect_latency
+        self.note: str | None = None
+        """What stood in for measurements, if anything."""
         rows = None
         if collectives is not None:
             rows = collectives.filter((pl.col("op") == "all_reduce") & (pl.col("num_gpus") == num_gpus))
         if rows is None or rows.height == 0:
-            notes.append(f"no all-reduce measured on {num_gpus} GPUs: a ring all-reduce at "
+            self.note = (f"no all-reduce measured on {num_gpus} GPUs: a ring all-reduce at "
                          f"{self.bandwidth / 1e9:.0f} GB/s and {self.latency * 1e6:.1f} us")
             self.curve: Curve | None = None
         else:

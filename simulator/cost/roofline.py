@@ -36,12 +36,11 @@ class RooflineCost:
                  all_reduce: AllReduce | None = None) -> None:
         self.model, self.gpu = model, gpu
         self.rank = model.shard(tensor_parallel_size)
-        notes: list[str] = []
         if tensor_parallel_size > 1 and all_reduce is None:
-            all_reduce = AllReduce(tensor_parallel_size, gpu, None, notes)
+            all_reduce = AllReduce(tensor_parallel_size, gpu, None)
         self.all_reduce = all_reduce
         self.extrapolated: Counter[str] = Counter()
-        self.notes = tuple(notes)
+        self.notes = () if all_reduce is None or all_reduce.note is None else (all_reduce.note,)
         if self.rank.weight_dtype_bytes != self.rank.dtype_bytes and (gpu.fp8_gemm_flops is None
                                                                        or gpu.fp8_mem_bw is None):
             raise InputError(f"GPU profile {gpu.name!r} has no fp8_gemm_flops or fp8_mem_bw: cannot price fp8 weights")
