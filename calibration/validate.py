@@ -106,7 +106,7 @@ def validate_command(gpu: str, tensor_parallel_size: int, quantization: str | No
         return
     deployment = (f" at --tensor-parallel-size {tensor_parallel_size}, --quantization {quantization}, "
                   f"--kv-cache-dtype {kv_cache_dtype}")
-    click.echo(f"\nllama-3.1-8b on {gpu}, {CHAPTER_CONTEXT}-token contexts, against the chapter (one H100, bf16)"
+    click.echo(f"\nllama-3.1-8b on {gpu}, {CHAPTER_CONTEXT}-token contexts, against the chapter (an H100)"
                + (deployment if config != RunConfig(gpu=gpu, cost="measured") else "") + ":")
     click.echo(f"{'step':<22}{'chapter ms':>12}{'predicted ms':>14}{'error':>9}")
     for r in chapter.iter_rows(named=True):

@@ -273,3 +273,13 @@ def test_a_tensor_parallel_run(tmp_path: Path, capsys: pytest.CaptureFixture[str
     assert code == 0, out
     settings = json.loads((tmp_path / "run" / "summary.json").read_text())["settings"]
     assert (settings["tensor_parallel_size"], settings["kv_cache_dtype"]) == (4, "fp8")
+
+
+@needs_reference
+def test_validate_prints_the_vllm_comparison(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = simulate_cli(["validate", "--kv-cache-dtype", "fp8"], capsys)
+    assert code == 0
+    table = out[out.index("fp8 KV, against vLLM"):].splitlines()[2:4]
+    vllm = {int(row.split()[0]): float(row.split()[1]) for row in table}
+    assert vllm == {8000: pytest.approx(6.58 + 2.37e-5 * 8000, abs=0.005),
+                    64000: pytest.approx(6.58 + 2.37e-5 * 64000, abs=0.005)}
