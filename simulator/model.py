@@ -346,7 +346,7 @@ def from_hf_config(path: Path) -> ModelSpec:
     if dtype not in ("bfloat16", "float16", "float32"):
         config.fail(f"torch_dtype {dtype!r} is not one of bfloat16, float16, float32")
     return ModelSpec(
-        name=config.text("_name_or_path", "") or path.parent.name or path.stem,
+        name=Path(config.text("_name_or_path", "")).name or path.parent.name or path.stem,
         num_layers=num_layers,
         hidden_size=hidden,
         num_heads=num_heads,

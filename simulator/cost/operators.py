@@ -52,6 +52,15 @@ def experts_touched(tokens: float, num_experts: int, top_k: int) -> float:
     return num_experts * (1.0 - (1.0 - top_k / num_experts) ** tokens)
 
 
+def weight_bytes_read(model: ModelSpec, tokens: int) -> float:
+    """Weight bytes a step of `tokens` tokens reads: all but the embedding table and, in a mixture
+    of experts, the experts no token is routed to (in expectation)."""
+    if not model.is_moe:
+        return model.weight_bytes_per_step
+    unused = model.num_experts - experts_touched(tokens, model.num_experts, model.num_experts_per_tok)
+    return model.weight_bytes_per_step - model.num_layers * unused * model.expert_params * model.weight_dtype_bytes
+
+
 def moe_bytes_and_flops(model: ModelSpec, tokens: float) -> tuple[float, float]:
     """One MoE layer's expert FFNs: weights of the experts touched, activations in and out, FLOPs."""
     k = model.num_experts_per_tok
