@@ -26,6 +26,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -74,15 +75,15 @@ def run_one(case: str, n: int, tokens_dir: str | None = None) -> dict[str, float
     row: dict[str, float | str | int] = {"case": case, "requests": n, "engine_s": engine,
                                          "simulated_s": summary["duration"], "steps": summary["num_steps"]}
     if tokens_dir is not None:
-        from simulator.tokens import write_tokens
+        from simulator.tokens import TokensTable
 
-        write_tokens(result.log, Path(tokens_dir) / "tokens.parquet", {})
+        TokensTable(result.log).write(Path(tokens_dir) / "tokens.parquet", {})
         row["tokens_s"] = time.perf_counter() - start - engine
     row["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     return row
 
 
-def measure(tree: Path, case: str, n: int, tokens: bool, baseline: bool) -> dict[str, float | str | int]:
+def measure(tree: Path, case: str, n: int, tokens: bool, baseline: bool) -> dict[str, Any]:
     """Run one case in a fresh process of the servesim in `tree`; `wall_s` is the whole process."""
     if baseline:  # the old benchmark's own entry point: CASE N ENGINE
         command = ["--one", case, str(n), "fast"]
@@ -93,7 +94,7 @@ def measure(tree: Path, case: str, n: int, tokens: bool, baseline: bool) -> dict
     done = subprocess.run([sys.executable, "-m", "benchmarks.engine_speed", *command], cwd=tree, env=env,
                           capture_output=True, text=True, check=True)
     wall = time.perf_counter() - start
-    row: dict[str, float | str | int] = json.loads(done.stdout)
+    row: dict[str, Any] = json.loads(done.stdout)
     row["wall_s"] = wall
     row.setdefault("engine_s", row.get("wall_s", wall))
     return row

@@ -6,12 +6,16 @@ kernel is plainly bound by one thing, so each is an achieved rate, not a datashe
 
 - mem_bw: bf16 GEMMs with m <= 16 tokens and >= 32 Mi weight elements (weight streaming);
 - gemm_flops: bf16 GEMMs with m >= 2048 and n, k >= 4096 (tensor cores saturated);
+- fp8_gemm_flops, fp8_mem_bw: the same two regimes over the fp8 GEMMs (fp8 weights, bf16
+  activations); both come out below bf16's on the H100 data (710 vs 826 TFLOP/s, 1.86 vs 2.84 TB/s);
 - attn_bw: decode attention reading >= 256 MiB of bf16 KV cache;
 - attn_flops: prefill attention doing >= 1e11 FLOPs (causal);
 - kernel_latency: bf16 GEMMs with m <= 16 and n, k <= 128 (launch and setup only);
 - attn_kernel_latency: decode attention reading <= 1 MiB of KV.
-The kernel tables hold no host-side time, so step_overhead is 0 here; whole-pass calibration
-measures it.
+The kernel tables hold no host-side time, so the host overheads (per step, sequence, token) are 0
+here; whole-pass calibration measures them. interconnect_bw and interconnect_latency (NVLink per GPU,
+one direction, and a collective's fixed time) are system.yaml's intra_node_bw and p2p_latency: the
+all-reduce roofline beyond the measured collectives.
 
 `python -m calibration.build_reference` writes these constants into each shipped profile.
 """
@@ -43,6 +47,10 @@ def fit(kernel_dir: Path) -> dict[str, float]:
     weight_bound = gemm.filter((m <= 16) & (n * k >= 32 * 2**20))
     compute_bound = gemm.filter((m >= 2048) & (n >= 4096) & (k >= 4096))
     tiny = gemm.filter((m <= 16) & (n <= 128) & (k <= 128))
+    fp8 = pl.read_parquet(kernel_dir / "gemm_perf.parquet").filter(pl.col("gemm_dtype") == "fp8")
+    fp8_compute_bound = fp8.filter((m >= 2048) & (n >= 4096) & (k >= 4096))
+    fp8_weight_bound = fp8.filter((m <= 16) & (n * k >= 32 * 2**20))
+    fp8_bytes = n * k + (m * k + m * n) * BF16  # fp8 weights, bf16 activations
 
     decode = pl.read_parquet(kernel_dir / "generation_attention_perf.parquet").filter(
         pl.col("kv_cache_dtype") == "bfloat16")
@@ -61,6 +69,8 @@ def fit(kernel_dir: Path) -> dict[str, float]:
         "gemm_flops": _median(compute_bound, 2 * m * n * k, seconds),
         "attn_bw": _median(decode.filter(pl.col("kv_bytes") >= 256 * 2**20), pl.col("kv_bytes"), seconds),
         "attn_flops": _median(prefill.filter(pl.col("flops") >= 1e11), pl.col("flops"), seconds),
+        "fp8_gemm_flops": _median(fp8_compute_bound, 2 * m * n * k, seconds),
+        "fp8_mem_bw": _median(fp8_weight_bound, fp8_bytes, seconds),
         "kernel_latency": float(tiny.select(seconds.median()).item()),
         "attn_kernel_latency": float(decode.filter(pl.col("kv_bytes") <= 2**20).select(seconds.median()).item()),
     }
@@ -68,7 +78,8 @@ def fit(kernel_dir: Path) -> dict[str, float]:
 
 def build_profile(gpu: str, reference: Path) -> dict[str, object]:
     kernel_dir = reference / gpu
-    system = yaml.safe_load((kernel_dir / "system.yaml").read_text())["gpu"]
+    system_file = yaml.safe_load((kernel_dir / "system.yaml").read_text())
+    system, node = system_file["gpu"], system_file["node"]
     profile: dict[str, object] = {
         "name": gpu,
         "memory_bytes": int(system["mem_capacity"]),
@@ -76,6 +87,10 @@ def build_profile(gpu: str, reference: Path) -> dict[str, object]:
         "datasheet_flops": float(system["bfloat16_tc_flops"]),
         **fit(kernel_dir),
         "step_overhead": 0.0,
+        "per_sequence_overhead": 0.0,
+        "per_token_overhead": 0.0,
+        "interconnect_bw": float(node["intra_node_bw"]),
+        "interconnect_latency": float(node["p2p_latency"]),
         "source": (f"{GPUS[gpu]}: achieved rates fitted by calibration/fit_roofline.py from aiconfigurator "
                    f"(ai-dynamo/aiconfigurator, commit 095f58a, Apache-2.0) measured vLLM 0.14.0 kernels, "
                    f"systems/data/{gpu}; memory and datasheet rates from its system.yaml"),

@@ -1,24 +1,35 @@
-"""Check a profile: predicted against measured whole-step times, and the chapter's decode table.
+"""Check a profile: predicted against measured whole-step times, the chapter's decode table, and
+vLLM's measured single-request decode.
 
 For every whole forward pass the calibration script measured (the profile's `validation.parquet`),
 the measured-kernel cost model predicts the same step from the profile's operator tables; the error
 is (predicted - measured) / measured. Then Llama-3.1-8B's decode steps at 2,300-token contexts and a
-2,000-token prefill on the profile, against the chapter's numbers.
+2,000-token prefill on the profile, against the chapter's numbers (a bf16 server on one H100; other
+deployment settings show how far they move it). Last, Llama-3.1-8B's batch-1 decode step against
+the single-request ITL lines vLLM's fp8-KV blog measured on an H100 (../shared/reference/serving/
+vllm_blog_fp8_kv_h100.csv), for the KV dtype asked for.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import click
 import polars as pl
 
-from simulator.cost import MeasuredCost, StepShape, build_tables
+from simulator.config import RunConfig
+from simulator.cost import CostModel, MeasuredCost, StepShape, build_cost_model, build_tables
 from simulator.errors import InputError
 from simulator.hardware import load_profile, profile_dir
 from simulator.model import LLAMA_3_1_8B, ModelSpec
+from simulator.options import deployment_options
 
 CHAPTER_CONTEXT = 2300
 CHAPTER_DECODE = {1: 7.0e-3, 8: 7.8e-3, 64: 14.1e-3, 128: 21.7e-3}
 CHAPTER_PREFILL = (2000, 80e-3)
+VLLM_FP8_KV_BLOG = (Path(__file__).resolve().parents[2] / "shared" / "reference" / "serving"
+                    / "vllm_blog_fp8_kv_h100.csv")
+SINGLE_REQUEST_CONTEXTS = (8000, 64000)
 
 
 def validation_errors(profile_name: str) -> pl.DataFrame:
@@ -35,9 +46,12 @@ def validation_errors(profile_name: str) -> pl.DataFrame:
         error=(pl.col("predicted") - pl.col("latency")) / pl.col("latency"))
 
 
-def chapter_errors(profile_name: str) -> pl.DataFrame:
-    """Llama-3.1-8B on the profile against the chapter: decode steps by batch, and the prefill."""
-    cost = MeasuredCost(build_tables(LLAMA_3_1_8B, load_profile(profile_name)))
+def chapter_errors(profile_name: str, config: RunConfig | None = None) -> pl.DataFrame:
+    """Llama-3.1-8B on the profile against the chapter: decode steps by batch, and the prefill, with
+    the measured-kernel model under `config`'s deployment settings (default: one GPU, bf16)."""
+    config = config or RunConfig(cost="measured", gpu=profile_name)
+    deployed = LLAMA_3_1_8B.deployed(config.quantization, config.kv_cache_dtype)
+    cost = MeasuredCost(build_tables(deployed, load_profile(profile_name), config.tensor_parallel_size))
     rows = [{"step": f"decode batch {batch}", "chapter": seconds,
              "predicted": cost.step_time(StepShape.from_rows([(1, CHAPTER_CONTEXT)] * batch))}
             for batch, seconds in CHAPTER_DECODE.items()]
@@ -47,13 +61,34 @@ def chapter_errors(profile_name: str) -> pl.DataFrame:
     return pl.DataFrame(rows).with_columns(error=(pl.col("predicted") - pl.col("chapter")) / pl.col("chapter"))
 
 
+def vllm_itl_lines(path: Path = VLLM_FP8_KV_BLOG) -> dict[str, tuple[float, float]]:
+    """vLLM's fitted single-request ITL, seconds = intercept + slope x context, by KV dtype."""
+    rows = pl.read_csv(path).filter(pl.col("benchmark") == "single_request_itl_fit")
+    lines = {}
+    for dtype in ("bfloat16", "fp8"):
+        values = dict(rows.filter(pl.col("kv_cache_dtype") == dtype).select("metric", "value").iter_rows())
+        lines[dtype] = (values["itl_intercept"] * 1e-3, values["itl_slope"] * 1e-3)
+    return lines
+
+
+def single_request_errors(cost: CostModel, kv_dtype: str, path: Path = VLLM_FP8_KV_BLOG) -> pl.DataFrame:
+    """Batch-1 decode steps at the blog's context lengths against its fitted ITL line."""
+    intercept, slope = vllm_itl_lines(path)[kv_dtype]
+    rows = [{"context": context, "vllm": intercept + slope * context,
+             "predicted": cost.step_time(StepShape(1, 1, context))} for context in SINGLE_REQUEST_CONTEXTS]
+    return pl.DataFrame(rows).with_columns(error=(pl.col("predicted") - pl.col("vllm")) / pl.col("vllm"))
+
+
 @click.command("validate")
 @click.option("--gpu", default="h100_sxm", show_default=True, help="Shipped profile name or a profile path.")
-def validate_command(gpu: str) -> None:
-    """Predicted against measured step times for a profile, and the chapter's table."""
+@deployment_options
+def validate_command(gpu: str, tensor_parallel_size: int, quantization: str | None, kv_cache_dtype: str) -> None:
+    """Predicted against measured step times for a profile, the chapter's table, and vLLM."""
     if not (profile_dir(gpu) / "profile.json").is_file():
         raise InputError(f"--gpu {gpu!r} has no profile.json: it holds a roofline only, no measured kernels to "
                          "validate (`simulate calibrate` measures them)")
+    config = RunConfig(gpu=gpu, cost="measured", tensor_parallel_size=tensor_parallel_size,
+                       quantization=quantization, kv_cache_dtype=kv_cache_dtype)
     passes = validation_errors(gpu)
     if passes.height:
         meta = load_profile(gpu).meta
@@ -68,11 +103,27 @@ def validate_command(gpu: str) -> None:
     else:
         click.echo(f"profile {gpu} holds no whole-pass measurements (built from kernel data alone)")
     try:
-        chapter = chapter_errors(gpu)
+        chapter = chapter_errors(gpu, config)
     except InputError as exc:
         click.echo(f"\nno chapter table on this profile: {exc}")
         return
-    click.echo(f"\nllama-3.1-8b on {gpu}, {CHAPTER_CONTEXT}-token contexts, against the chapter (an H100):")
+    deployment = (f" at --tensor-parallel-size {tensor_parallel_size}, --quantization {quantization}, "
+                  f"--kv-cache-dtype {kv_cache_dtype}")
+    click.echo(f"\nllama-3.1-8b on {gpu}, {CHAPTER_CONTEXT}-token contexts, against the chapter (an H100)"
+               + (deployment if config != RunConfig(gpu=gpu, cost="measured") else "") + ":")
     click.echo(f"{'step':<22}{'chapter ms':>12}{'predicted ms':>14}{'error':>9}")
     for r in chapter.iter_rows(named=True):
         click.echo(f"{r['step']!s:<22}{r['chapter'] * 1e3:>12.1f}{r['predicted'] * 1e3:>14.2f}{r['error']:>+9.1%}")
+    if not VLLM_FP8_KV_BLOG.exists() or tensor_parallel_size > 1:
+        return
+    kv = "fp8" if kv_cache_dtype.startswith("fp8") else "bfloat16"
+    click.echo(f"\nllama-3.1-8b batch-1 decode step, {kv} KV, against vLLM's measured single-request ITL "
+               f"(fp8-KV blog, H100):")
+    click.echo(f"{'context':>8}{'vLLM ms':>10}{'measured ms':>13}{'error':>9}{'roofline ms':>13}{'error':>9}")
+    measured = single_request_errors(build_cost_model(config, LLAMA_3_1_8B, load_profile(gpu).gpu), kv)
+    roofline = single_request_errors(build_cost_model(RunConfig(gpu=gpu, quantization=quantization,
+                                                                kv_cache_dtype=kv_cache_dtype),
+                                                      LLAMA_3_1_8B, load_profile(gpu).gpu), kv)
+    for m, r in zip(measured.iter_rows(named=True), roofline.iter_rows(named=True), strict=True):
+        click.echo(f"{m['context']:>8}{m['vllm'] * 1e3:>10.2f}{m['predicted'] * 1e3:>13.2f}{m['error']:>+9.1%}"
+                   f"{r['predicted'] * 1e3:>13.2f}{r['error']:>+9.1%}")

@@ -24,6 +24,7 @@ from simulator.errors import InputError
 from simulator.hardware import available_gpus
 from simulator.metrics import LATENCIES
 from simulator.model import BUILTIN_MODELS
+from simulator.options import deployment_options
 from simulator.simulate import DEFAULT_NUM_REQUESTS
 from simulator.vllm_result import result_path, vllm_result, write_result
 from workloads.lengths import SPECS as LENGTH_SPECS
@@ -126,6 +127,7 @@ def setting(name: str, *aliases: str, help: str, **kwargs: Any) -> Callable[[Cal
 @setting("gpu", help=f"Shipped GPU profile ({', '.join(available_gpus())}) or a profile folder.")
 @setting("cost", type=click.Choice(COST_MODELS),
          help="Step times from the roofline over the profile's fitted rates, or from its measured kernels.")
+@deployment_options
 @setting("rate", "--request-rate", type=float,
          help="Open loop: requests/s, gamma-distributed gaps (see --burstiness) [default: inf: all at once].")
 @setting("burstiness", type=float, help="Gamma shape of the gaps: 1 = Poisson, < 1 burstier, > 1 smoother.")
@@ -264,27 +266,35 @@ def parse_percentile_metrics(text: str) -> tuple[str, ...]:
 @setting("gpu", help=f"Shipped GPU profile ({', '.join(available_gpus())}) or a profile folder.")
 @setting("cost", type=click.Choice(COST_MODELS), help="Step times from the roofline or the measured kernels.")
 @setting("gpu_memory_utilization", type=float, help="Share of GPU memory that sets the KV ceiling.")
+@deployment_options
 @click.option("--out", type=click.Path(path_type=Path), default=None, help="Write the table as Parquet.")
 @click.option("--plot", default=None, is_flag=False, flag_value="", metavar="[FILE.html]",
               help="Draw the table [default file: --out's name as .html, or results/batch-table-CONTEXT.html].")
 def batch_table_command(context: int, batches: str, model: str, gpu: str, cost: str, gpu_memory_utilization: float,
-                        out: Path | None, plot: str | None) -> None:
+                        tensor_parallel_size: int, quantization: str | None, kv_cache_dtype: str, out: Path | None,
+                        plot: str | None) -> None:
     """The chapter's table: decode step time and tokens/s against batch size."""
     from simulator.batch_table import batch_table
     from simulator.cost import build_cost_model
     from simulator.hardware import load_gpu
     from simulator.model import load_model
-    from simulator.outputs import write_parquet
-    from simulator.simulate import kv_cache_blocks
+    from simulator.outputs import check_writable, write_parquet
+    from simulator.simulate import gpu_shard, kv_cache_blocks
 
     if context < 1:
         raise InputError(f"--context must be a positive number of tokens, got {context}")
     sizes = parse_int_list(batches, "--batch")
+    for path, flag_name in ((out, "--out"), (Path(plot) if plot else None, "--plot")):
+        if path is not None:
+            check_writable(path, flag_name)
     spec, hardware = load_model(model), load_gpu(gpu)
     # KV capacity as a default continuous-batching server of this memory share would have it.
-    config = RunConfig(model=model, gpu=gpu, cost=cost, gpu_memory_utilization=gpu_memory_utilization)
+    config = RunConfig(model=model, gpu=gpu, cost=cost, gpu_memory_utilization=gpu_memory_utilization,
+                       tensor_parallel_size=tensor_parallel_size, quantization=quantization,
+                       kv_cache_dtype=kv_cache_dtype)
     capacity = kv_cache_blocks(config, spec, hardware, context) * config.block_size
-    table = batch_table(spec, build_cost_model(config, spec, hardware), context, sizes, capacity)
+    shard = gpu_shard(config, spec)
+    table = batch_table(shard, build_cost_model(config, spec, hardware), context, sizes, capacity)
     rows = table.rows
     if context > spec.max_model_len:
         click.echo(f"warning: --context {context} is past {spec.name}'s {spec.max_model_len}-token context: "
@@ -293,12 +303,18 @@ def batch_table_command(context: int, batches: str, model: str, gpu: str, cost: 
     if too_big:
         click.echo(f"warning: --batch {','.join(map(str, too_big))} is past the KV ceiling of {table.max_batch} "
                    f"sequences of {context} tokens: those rows (marked *) could not run on this GPU", err=True)
-    click.echo(f"{spec.name} on {hardware.name}, {context}-token contexts, decode steps")
+    parallel = tensor_parallel_size > 1
+    dtypes = (shard.weight_dtype or shard.dtype, shard.kv_cache_dtype or shard.dtype)
+    click.echo(f"{spec.name} on {hardware.name}, {context}-token contexts, decode steps"
+               + (f"; weights {dtypes[0]}, KV {dtypes[1]}" if dtypes != (shard.dtype, shard.dtype) else "")
+               + (f"; per GPU of {tensor_parallel_size} (tensor parallel)" if parallel else ""))
     cells = [[f"{r['batch']}{'*' if r['batch'] > table.max_batch else ''}", f"{r['step_time'] * 1e3:.2f}",
+              *([f"{r['all_reduce_time'] * 1e3:.2f}"] if parallel else []),
               f"{r['weight_bytes'] / 1e9:.2f}", f"{r['kv_bytes'] / 1e9:.2f}", f"{r['achieved_bandwidth'] / 1e9:.0f}",
               f"{r['per_request_tokens_per_s']:.1f}", f"{r['aggregate_tokens_per_s']:.0f}"]
              for r in rows.iter_rows(named=True)]
-    headers = ["batch", "step ms", "weights GB", "KV GB", "GB/s", "tok/s/req", "tok/s total"]
+    headers = ["batch", "step ms", *(["all-reduce ms"] if parallel else []), "weights GB", "KV GB", "GB/s",
+               "tok/s/req", "tok/s total"]
     click.echo(aligned(headers, cells))
     click.echo(f"knee (KV bytes = weight bytes): batch {table.knee_batch:.1f}")
     click.echo(f"ceiling (KV cache full at --gpu-memory-utilization {gpu_memory_utilization}): "

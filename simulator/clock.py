@@ -30,7 +30,7 @@ class Clock(simpy.Environment):
     def schedule_at(self, event: simpy.Event, priority: int, at: float) -> None:
         """`schedule` at an absolute time (simpy's own heap entry, with `at` for `now + delay`)."""
         assert at >= self.now, f"cannot schedule at {at}, before now ({self.now})"
-        heappush(self._queue, (at, priority, next(self._eid), event))  # type: ignore[attr-defined]
+        heappush(self._queue, (at, priority, next(self._eid), event))  # type: ignore[attr-defined,misc]
 
     def timeout_at(self, at: float) -> Timeout:
         return _At(self, at, NORMAL)

@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from simulator.errors import InputError
+from simulator.model import KV_CACHE_DTYPES, QUANTIZATIONS
 from workloads.lengths import parse_length_dist
 
 GOODPUT_METRICS = ("ttft", "tpot", "e2el")
@@ -42,6 +43,12 @@ class RunConfig:
     cost: str = "roofline"
     """Step-time model: the `roofline` over the profile's fitted rates, or its `measured` kernel tables
     (not the default: on the H100 it runs 11% under the chapter's batch-128 decode step)."""
+    tensor_parallel_size: int = 1
+    """GPUs the model is split across (vLLM's tensor parallelism); sizes and times are per GPU."""
+    quantization: str | None = None
+    """`fp8`: the linear layers' weights in fp8 (a checkpoint quantised to fp8 is so already)."""
+    kv_cache_dtype: str = "auto"
+    """`auto` (the model's dtype) or `fp8`: the KV cache's element type."""
     # Scheduler: vLLM serve's defaults on an H100-class GPU (1024 sequences, 8192 batched tokens).
     # vLLM without chunked prefill raises the budget to the model's context length (131072 for
     # Llama-3.1-8B) and reserves activation memory for a step that large, about 15 GB here; the
@@ -84,11 +91,17 @@ class RunConfig:
     def __post_init__(self) -> None:
         if self.cost not in ("measured", "roofline"):
             raise InputError(f"unknown --cost {self.cost!r} (choose from measured, roofline)")
-        positive_ints = ("max_num_seqs", "max_num_batched_tokens", "max_batch_size", "block_size", "input_len",
-                         "output_len")
+        if self.quantization not in (None, *QUANTIZATIONS):
+            raise InputError(f"unknown --quantization {self.quantization!r} "
+                             f"(choose from {', '.join(QUANTIZATIONS)})")
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise InputError(f"unknown --kv-cache-dtype {self.kv_cache_dtype!r} "
+                             f"(choose from {', '.join(KV_CACHE_DTYPES)})")
+        positive_ints = ("tensor_parallel_size", "max_num_seqs", "max_num_batched_tokens", "max_batch_size",
+                         "block_size", "input_len", "output_len")
         for name in positive_ints:
             value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise InputError(f"--{name.replace('_', '-')} must be a positive integer, got {value!r}")
         if self.policy != "static" and self.max_num_batched_tokens < self.max_num_seqs:
             # vLLM refuses this too: a decode step of every running sequence would break the budget.

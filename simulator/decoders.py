@@ -90,7 +90,8 @@ class Decoders:
 
     def needs_block(self, request: Request) -> bool:
         """Does this decoder need a new block in the next step?"""
-        return not request.reserved_tokens and request.decode_key % self.block_size == (1 - self.steps) % self.block_size
+        block_size = self.block_size
+        return not request.reserved_tokens and request.decode_key % block_size == (1 - self.steps) % block_size
 
     def next_finish(self) -> int:
         """The step count at which the next decoder emits its last token (a large number if none)."""

@@ -9,7 +9,7 @@ bandwidth, FLOP/s and kernel latency fitted from the kernels (`calibration/fit_r
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, fields
+from dataclasses import MISSING, dataclass, fields
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -42,15 +42,29 @@ class GpuSpec:
     attn_kernel_latency: float
     """Fixed time of one attention kernel launch."""
     step_overhead: float
-    """Per-step time outside the kernels (scheduling, sampling on the host)."""
+    """Host time per step outside the kernels (scheduling, input preparation, launch gaps)."""
     source: str
+    per_sequence_overhead: float = 0.0
+    """Host time per sequence in the step (sampling, detokenisation, output processing)."""
+    per_token_overhead: float = 0.0
+    """Host time per token computed in the step (input preparation that scales with tokens)."""
+    fp8_gemm_flops: float | None = None
+    """Achieved FLOP/s of large fp8 GEMMs (None: fp8 weights cannot be priced by roofline)."""
+    fp8_mem_bw: float | None = None
+    """Achieved bandwidth streaming fp8 GEMM weights."""
+    interconnect_bw: float | None = None
+    """Per-GPU bandwidth between GPUs of a node, one direction (NVLink), bytes/s."""
+    interconnect_latency: float = 0.0
+    """Fixed time of one collective beyond the measured ones."""
 
     def __post_init__(self) -> None:
+        may_be_zero = ("step_overhead", "per_sequence_overhead", "per_token_overhead", "interconnect_latency")
         for f in fields(self):
             value = getattr(self, f.name)
-            if f.name in ("name", "source"):
+            if f.name in ("name", "source") or (value is None and f.default is None):
                 continue
-            if not isinstance(value, (int, float)) or value < 0 or (value == 0 and f.name != "step_overhead"):
+            if (not isinstance(value, (int, float)) or isinstance(value, bool) or not value >= 0
+                    or (value == 0 and f.name not in may_be_zero)):
                 raise InputError(f"GPU profile {self.name!r}: {f.name} must be positive, got {value!r}")
 
 
@@ -80,11 +94,13 @@ def load_gpu(name_or_path: str) -> GpuSpec:
         data = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as exc:
         raise InputError(f"cannot read GPU profile {str(path)!r}: {exc}") from None
-    expected = {f.name for f in fields(GpuSpec)}
-    missing = sorted(expected - set(data))
+    if not isinstance(data, dict):
+        raise InputError(f"GPU profile {str(path)!r} is not a JSON object")
+    required = {f.name for f in fields(GpuSpec) if f.default is MISSING}
+    missing = sorted(required - set(data))
     if missing:
         raise InputError(f"GPU profile {str(path)!r} lacks {', '.join(missing)}")
-    return GpuSpec(**{key: data[key] for key in expected})
+    return GpuSpec(**{f.name: data[f.name] for f in fields(GpuSpec) if f.name in data})
 
 
 # Operator families and the columns each table must have. Latencies are seconds, sizes bytes/tokens.
@@ -94,6 +110,15 @@ TABLE_COLUMNS: dict[str, tuple[str, ...]] = {
     "decode_attention": ("batch_size", "context", "num_heads", "num_kv_heads", "head_dim", "latency"),
     "elementwise": ("op", "tokens", "bytes", "latency"),
     "collectives": ("op", "num_gpus", "message_bytes", "latency"),
+}
+# Tables a profile may have: fp8 GEMMs (per-tensor and 128 x 128 block scales), attention over an fp8
+# KV cache, and fused mixture-of-experts kernels (`inter_size` is each GPU's share of an expert).
+OPTIONAL_TABLES: dict[str, tuple[str, ...]] = {
+    "gemm_fp8": TABLE_COLUMNS["gemm"],
+    "gemm_fp8_block": TABLE_COLUMNS["gemm"],
+    "prefill_attention_fp8": TABLE_COLUMNS["prefill_attention"],
+    "decode_attention_fp8": TABLE_COLUMNS["decode_attention"],
+    "moe": ("dtype", "num_tokens", "hidden_size", "inter_size", "topk", "num_experts", "latency"),
 }
 VALIDATION_COLUMNS = ("kind", "batch_size", "new_tokens", "context", "latency")
 META_KEYS = ("format", "name", "device", "memory_bytes", "datasheet_mem_bw", "datasheet_flops", "dtype", "libraries",
@@ -151,6 +176,8 @@ def _load_profile(folder: Path, _mtime: int) -> Profile:
     if not (isinstance(meta["step_overhead"], (int, float)) and meta["step_overhead"] >= 0):
         raise InputError(f"{str(meta_path)!r}: step_overhead must be >= 0 seconds, got {meta['step_overhead']!r}")
     tables = {family: _read_table(folder / f"{family}.parquet", columns) for family, columns in TABLE_COLUMNS.items()}
+    tables |= {family: _read_table(folder / f"{family}.parquet", columns)
+               for family, columns in OPTIONAL_TABLES.items() if (folder / f"{family}.parquet").exists()}
     validation_path = folder / "validation.parquet"
     validation = _read_table(validation_path, VALIDATION_COLUMNS) if validation_path.exists() else None
     return Profile(folder, meta, load_gpu(str(folder)), tables, validation)

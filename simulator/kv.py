@@ -17,9 +17,27 @@ def activation_reserve_bytes(model: ModelSpec, max_num_batched_tokens: int, max_
     per_token = model.dtype_bytes * (
         2 * model.hidden_size
         + (model.num_heads + 2 * model.num_kv_heads) * model.head_dim
-        + 3 * model.intermediate_size)
+        + 3 * model.ffn_intermediate_per_token)
     logits = max_num_seqs * model.vocab_size * 4
     return max_num_batched_tokens * per_token + logits
+
+
+def check_weights_fit(model: ModelSpec, tensor_parallel_size: int, memory_bytes: int,
+                      gpu_memory_utilization: float) -> None:
+    """Refuse a model whose weights alone overflow each GPU's usable memory, saying how many GPUs
+    it takes. `model` is one GPU's shard."""
+    usable = memory_bytes * gpu_memory_utilization
+    if model.weight_bytes < usable:
+        return
+    total = model.weight_bytes * tensor_parallel_size
+    suggestion = tensor_parallel_size * 2
+    while total / suggestion >= usable * 0.8:
+        suggestion *= 2
+    raise InputError(
+        f"{model.name}'s weights ({model.weight_dtype or model.dtype}) need {model.weight_bytes / 1e9:.1f} GB per GPU "
+        f"at --tensor-parallel-size {tensor_parallel_size}, more than the {usable / 1e9:.1f} GB usable "
+        f"(--gpu-memory-utilization {gpu_memory_utilization} of {memory_bytes / 1e9:.1f} GB): "
+        f"try --tensor-parallel-size {suggestion}")
 
 
 def kv_capacity_blocks(*, memory_bytes: int, gpu_memory_utilization: float, weight_bytes: int,
@@ -36,7 +54,8 @@ def kv_capacity_blocks(*, memory_bytes: int, gpu_memory_utilization: float, weig
             f"no room for one KV block: {memory_bytes * gpu_memory_utilization / 1e9:.1f} GB usable "
             f"(--gpu-memory-utilization {gpu_memory_utilization}) minus {weight_bytes / 1e9:.1f} GB of weights "
             f"and {activation_bytes / 1e9:.1f} GB of activations leaves {max(free, 0) / 1e9:.1f} GB, less than one "
-            f"block of --block-size {block_size} tokens ({kv_bytes_per_token * block_size / 1e9:.1f} GB)")
+            f"block of --block-size {block_size} tokens ({kv_bytes_per_token * block_size / 1e9:.1f} GB); a larger "
+            "--tensor-parallel-size shares the weights")
     return blocks
 
 

@@ -14,7 +14,7 @@ from simulator.config import RunConfig
 from simulator.cost import CostModel, build_cost_model
 from simulator.errors import InputError
 from simulator.hardware import GpuSpec, load_gpu
-from simulator.kv import KVBlocks, activation_reserve_bytes, kv_capacity_blocks
+from simulator.kv import KVBlocks, activation_reserve_bytes, check_weights_fit, kv_capacity_blocks
 from simulator.model import ModelSpec, load_model
 from simulator.progress import RunProgress
 from simulator.request import Request, RequestColumns
@@ -70,21 +70,29 @@ def _lengths_and_arrivals(config: RunConfig) -> Workload:
 
 
 def step_activation_bytes(config: RunConfig, model: ModelSpec, longest_prompt: int) -> int:
-    """Activation memory of the largest step the policy can build: its token budget, or for static
-    batching a whole batch padded to the longest prompt."""
+    """Activation memory on one GPU of the largest step the policy can build: its token budget, or
+    for static batching a whole batch padded to the longest prompt."""
     tokens = (config.max_num_batched_tokens if config.policy != "static"
               else config.max_batch_size * longest_prompt)
-    return activation_reserve_bytes(model, tokens, config.max_num_seqs)
+    return activation_reserve_bytes(gpu_shard(config, model), tokens, config.max_num_seqs)
+
+
+def gpu_shard(config: RunConfig, model: ModelSpec) -> ModelSpec:
+    """What one GPU holds: the model in the run's dtypes, split --tensor-parallel-size ways."""
+    return model.deployed(config.quantization, config.kv_cache_dtype).shard(config.tensor_parallel_size)
 
 
 def kv_cache_blocks(config: RunConfig, model: ModelSpec, gpu: GpuSpec, longest_prompt: int) -> int:
-    """KV blocks the GPU holds under `config`: sized from its memory, or vLLM's override."""
+    """KV blocks each GPU holds under `config` (every GPU holds its share of every block): sized
+    from its memory, or vLLM's override. Refuses a model whose weights do not fit."""
+    shard = gpu_shard(config, model)
+    check_weights_fit(shard, config.tensor_parallel_size, gpu.memory_bytes, config.gpu_memory_utilization)
     if config.num_gpu_blocks_override is not None:
         return config.num_gpu_blocks_override
     return kv_capacity_blocks(
         memory_bytes=gpu.memory_bytes, gpu_memory_utilization=config.gpu_memory_utilization,
-        weight_bytes=model.weight_bytes, activation_bytes=step_activation_bytes(config, model, longest_prompt),
-        kv_bytes_per_token=model.kv_bytes_per_token, block_size=config.block_size)
+        weight_bytes=shard.weight_bytes, activation_bytes=step_activation_bytes(config, model, longest_prompt),
+        kv_bytes_per_token=shard.kv_bytes_per_token, block_size=config.block_size)
 
 
 def check_fits(workload: Workload, config: RunConfig, model: ModelSpec, kv_blocks: int) -> None:

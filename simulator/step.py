@@ -36,7 +36,7 @@ say when to look again through `wake_at`.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
@@ -65,7 +65,7 @@ class Step:
 
 
 class WaitingQueue(Protocol):
-    def __iter__(self) -> Iterable[Request]: ...
+    def __iter__(self) -> Iterator[Request]: ...
     def __len__(self) -> int: ...
     def first(self) -> Request: ...
 
@@ -96,5 +96,7 @@ class View(Protocol):
 
 
 class Policy(Protocol):
-    scheduling: Scheduling
+    @property
+    def scheduling(self) -> Scheduling:
+        """Which waiting-queue and preemption order the engine keeps for it (simulator.queues)."""
     def __call__(self, view: View) -> Step: ...

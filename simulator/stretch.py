@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_right
+from typing import Any
 
 import numpy as np
 
@@ -55,11 +56,15 @@ def decode_stretch(server: Server, wake_at: float | None) -> Process:
     if server.clock + first >= stop or k_max == 1:
         yield from _one_step(server, rows, first, growing, batch is not None)
         return
-    arrays = estimate >= RUN_MIN
+    arrays = estimate >= RUN_MIN and server.cost.pure
+    crossing = None
+    durations: Any  # numpy arrays for a long stretch, lists for a short one
+    ends: Any
+    used: Any
     if arrays:
         durations, ends, used = _array(server, rows, context0, per_step, estimate, growing, horizon, first)
     else:
-        durations, ends, used = _scalar(server, rows, context0, per_step, k_max, growing, horizon, first)
+        durations, ends, used, crossing = _scalar(server, rows, context0, per_step, k_max, growing, horizon, first)
     k = len(ends)
     if k == 0:  # the first step ends past the time limit: the clock stops during it
         yield env.timeout_at(server.clock + first)
@@ -97,13 +102,15 @@ def decode_stretch(server: Server, wake_at: float | None) -> Process:
         done = [s for s, _ in finishing]
         for j in range(k):
             log.lazy_step.append(index0 + j)
-            live = live0 - bisect_right(done, steps0 + j)
+            num_live = live0 - bisect_right(done, steps0 + j)
             last_row = j == k - 1
-            log.append(start, durations[j], live, 0, live, pad + live0 - live,
+            log.append(start, durations[j], num_live, 0, num_live, pad + live0 - num_live,
                        kv.num_used if last_row else kv_used0 + used[j], waiting0 + bisect_right(submitted, ends[j]),
                        server.num_running if last_row else running0, 0)
             start = ends[j]
     server.clock = end
+    if crossing is not None:  # priced already: the step the clock stops in
+        yield env.timeout_at(crossing)
 
 
 def _one_step(server: Server, rows: int, duration: float, growing: bool, padded: bool) -> Process:
@@ -144,7 +151,9 @@ def _array(server: Server, rows: int, context0: int, per_step: int, k: int, grow
 
 
 def _scalar(server: Server, rows: int, context0: int, per_step: int, k_max: int, growing: bool, horizon: float,
-            first: float) -> tuple[list[float], list[float], list[int]]:
+            first: float) -> tuple[list[float], list[float], list[int], float | None]:
+    """Steps priced one at a time, exactly those that run; and the end of the step the time limit
+    falls in, when it does (priced, never run)."""
     step_time, blocks_needed = server.cost.step_time, server.decoders.blocks_needed
     free, limit = server.kv.num_free, server.limit
     durations: list[float] = []
@@ -158,7 +167,7 @@ def _scalar(server: Server, rows: int, context0: int, per_step: int, k_max: int,
         duration = first if j == 0 else step_time(StepShape(rows, rows, context0 + per_step * j))
         end = t + duration
         if end >= limit:
-            break
+            return durations, ends, used, end
         total += need
         durations.append(duration)
         ends.append(end)
@@ -166,4 +175,4 @@ def _scalar(server: Server, rows: int, context0: int, per_step: int, k_max: int,
         t = end
         if end >= horizon:
             break
-    return durations, ends, used
+    return durations, ends, used, None

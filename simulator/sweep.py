@@ -103,7 +103,8 @@ def check_name(name: str, value: Any) -> None:
 
     checks: dict[str, Callable[[Any], object]] = {
         "policy": lambda v: build_policy(RunConfig(policy=v)), "model": load_model, "gpu": load_gpu,
-        "cost": lambda v: RunConfig(cost=v), "engine": lambda v: RunConfig(engine=v),
+        "cost": lambda v: RunConfig(cost=v), "quantization": lambda v: RunConfig(quantization=v),
+        "kv_cache_dtype": lambda v: RunConfig(kv_cache_dtype=v),
         "input_len_dist": parse_length_dist, "output_len_dist": parse_length_dist, "trace": trace_exists}
     if name in checks and value is not None:
         try:

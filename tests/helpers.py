@@ -28,6 +28,7 @@ class UnitCost:
     def __init__(self) -> None:
         self.shapes: list[StepShape] = []
 
+    pure = False  # it records every shape it prices
     extrapolated: dict[str, int] = {}  # noqa: RUF012 (never written)
     notes: tuple[str, ...] = ()
 

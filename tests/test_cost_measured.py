@@ -120,7 +120,7 @@ def test_tensor_parallel_halves_gemms_and_adds_all_reduces() -> None:
     assert one["collectives"] == 0 and two["collectives"] > 0
     assert two["gemm"] < 0.7 * one["gemm"]
     assert two["decode_attention"] == pytest.approx(one["decode_attention"] / 2, rel=0.2)
-    with pytest.raises(InputError, match="tensor parallel size 3"):
+    with pytest.raises(InputError, match="--tensor-parallel-size 3 does not divide"):
         measured_cost(LLAMA_3_1_8B, "h100_sxm", tensor_parallel_size=3)
 
 

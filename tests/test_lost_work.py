@@ -158,7 +158,7 @@ def test_a_sweep_in_which_every_configuration_failed_exits_non_zero(tmp_path: Pa
     (["--model", "llama-3.1-8b,no-such-model"], "--model lists 'no-such-model'"),
     (["--gpu", "h100_sxm,b999"], "--gpu lists 'b999'"),
     (["--cost", "roofline,guess"], "--cost lists 'guess'"),
-    (["--engine", "fast,warp"], "--engine lists 'warp'"),
+    (["--kv-cache-dtype", "auto,fp4"], "--kv-cache-dtype lists 'fp4'"),
     (["--input-len-dist", "fixed,zipf"], "--input-len-dist lists 'zipf'"),
     (["--trace", "none,no/such.csv"], "--trace lists 'no/such.csv'"),
 ])

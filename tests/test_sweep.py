@@ -180,3 +180,20 @@ def test_killed_sweep_leaves_a_valid_file_and_resumes(tmp_path: Path) -> None:
     assert not parts.exists()
     # The chapter's point, visible in the rows: at 16 req/s every policy is past saturation.
     assert rows.filter(pl.col("rate") == 16)["kept_up"].to_list() == [False] * 6
+
+
+def test_deployment_settings_are_sweep_axes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "sweep.parquet"
+    code, stdout, _ = simulate_cli(["sweep", "--tensor-parallel-size", "1,2", "--quantization", "none,fp8",
+                                    "--kv-cache-dtype", "auto,fp8", "--rate", "8", *SMALL, "--jobs", "1",
+                                    "--out", str(out)], capsys)
+    assert code == 0, stdout
+    rows = pl.read_parquet(out)
+    assert rows.height == 8 and rows["error"].null_count() == 8
+    assert set(rows["quantization"].to_list()) == {None, "fp8"}
+    # Each setting changes the server: TP2 and fp8 weights shorten decode, so TPOT differs in every row.
+    assert rows["mean_tpot"].n_unique() == 8
+    tpot = {(r["tensor_parallel_size"], r["quantization"], r["kv_cache_dtype"]): r["mean_tpot"]
+            for r in rows.iter_rows(named=True)}
+    assert tpot[(2, None, "auto")] < tpot[(1, None, "auto")]
+    assert tpot[(1, "fp8", "auto")] < tpot[(1, None, "auto")]

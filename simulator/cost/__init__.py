@@ -1,0 +1,45 @@
+"""Cost models: how long one forward pass takes, given what the batch computes.
+
+`contract` says what a cost model offers; `operators` lists the kernels of a forward pass once for
+both models; `RooflineCost` (`roofline`) prices them by bytes and FLOPs alone, for hardware never
+measured op by op; `MeasuredCost` (`measured`) sums measured kernel times from a GPU profile,
+interpolated (`curves`, `gemm`, `moe`); `parallel` prices tensor parallelism's all-reduces.
+`build_cost_model` picks one for a run.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from simulator.cost.contract import CostModel, StepShape, causal_pairs
+from simulator.cost.curves import BatchCurves, Curve
+from simulator.cost.gemm import GemmTable, attention_rows
+from simulator.cost.measured import MeasuredCost, MeasuredTables, build_tables, measured_cost
+from simulator.cost.moe import MoeTable
+from simulator.cost.operators import elementwise_ops
+from simulator.cost.parallel import AllReduce
+from simulator.cost.roofline import RooflineCost
+from simulator.hardware import GpuSpec, load_profile, profile_dir
+from simulator.model import ModelSpec
+
+if TYPE_CHECKING:
+    from simulator.config import RunConfig
+
+COST_MODELS = ("measured", "roofline")
+__all__ = ["COST_MODELS", "AllReduce", "BatchCurves", "CostModel", "Curve", "GemmTable", "MeasuredCost",
+           "MeasuredTables", "MoeTable", "RooflineCost", "StepShape", "attention_rows", "build_cost_model",
+           "build_tables", "causal_pairs", "elementwise_ops", "measured_cost"]
+
+
+def build_cost_model(config: RunConfig, model: ModelSpec, gpu: GpuSpec) -> CostModel:
+    """The cost model a run asks for, for one GPU of `model` in the run's dtypes and parallelism:
+    measured kernels from its profile, or the roofline (all-reduces measured where the profile has
+    collectives)."""
+    deployed = model.deployed(config.quantization, config.kv_cache_dtype)
+    tp = config.tensor_parallel_size
+    if config.cost == "roofline":
+        all_reduce = None
+        if tp > 1 and (profile_dir(config.gpu) / "profile.json").exists():
+            all_reduce = AllReduce(tp, gpu, load_profile(config.gpu).tables["collectives"])
+        return RooflineCost(deployed, gpu, tp, all_reduce)
+    return measured_cost(deployed, config.gpu, tp)

@@ -1,0 +1,93 @@
+"""Measured kernel times as interpolating curves: over one variable, and over batch size too.
+
+Beyond the measured range a curve extrapolates by the kernel's roofline and records that it did.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_right
+from collections import Counter
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+
+import polars as pl
+
+from simulator.errors import InputError
+
+
+def _lookup(x: float, xs: Sequence[float], ys: Sequence[float]) -> float:
+    """Piecewise-linear value at `xs[0] <= x <= xs[-1]`."""
+    i = bisect_right(xs, x)
+    if i >= len(xs):
+        return ys[-1]
+    x0, x1 = xs[i - 1], xs[i]
+    return ys[i - 1] + (ys[i] - ys[i - 1]) * (x - x0) / (x1 - x0)
+
+
+@dataclass(frozen=True)
+class Curve:
+    """Measured times at increasing x, linear in between. Beyond the last point the extra work costs
+    its roofline time (`time(edge) + roofline(x) - roofline(edge)`, rooflines in seconds); below the
+    first point the time stays at the first point's, the kernel's floor."""
+
+    name: str
+    xs: tuple[float, ...]
+    ys: tuple[float, ...]
+
+    @classmethod
+    def from_points(cls, name: str, xs: Iterable[float], ys: Iterable[float]) -> Curve:
+        frame = pl.DataFrame({"x": list(xs), "y": list(ys)}, schema={"x": pl.Float64, "y": pl.Float64})
+        frame = frame.group_by("x").agg(pl.col("y").median()).sort("x")
+        if frame.height == 0:
+            raise InputError(f"profile has no measured points for {name}")
+        return cls(name, tuple(frame["x"].to_list()), tuple(frame["y"].to_list()))
+
+    def at(self, x: float, roofline: Callable[[float], float], record: Counter[str]) -> float:
+        xs = self.xs
+        if x > xs[-1]:
+            record[f"{self.name} above measured {xs[-1]:g}"] += 1
+            return self.ys[-1] + roofline(x) - roofline(xs[-1])
+        if x < xs[0]:
+            record[f"{self.name} below measured {xs[0]:g}"] += 1
+            return self.ys[0]
+        if len(xs) == 1:
+            return self.ys[0]
+        return _lookup(x, xs, self.ys)
+
+
+@dataclass(frozen=True)
+class BatchCurves:
+    """Attention time by (sequences, x): one `Curve` over x per measured batch size, linear in the
+    batch size between them; above the largest batch the extra sequences cost their roofline time."""
+
+    name: str
+    batches: tuple[int, ...]
+    curves: tuple[Curve, ...]
+
+    @classmethod
+    def from_frame(cls, name: str, frame: pl.DataFrame, x: str) -> BatchCurves:
+        batches = sorted(frame["batch_size"].unique().to_list())
+        if not batches:
+            raise InputError(f"profile has no measured points for {name}")
+        curves = []
+        for b in batches:
+            rows = frame.filter(pl.col("batch_size") == b)
+            curves.append(Curve.from_points(f"{name} (batch {b})", rows[x].to_list(), rows["latency"].to_list()))
+        return cls(name, tuple(batches), tuple(curves))
+
+    def at(self, batch: float, x: float, roofline: Callable[[float, float], float], record: Counter[str]) -> float:
+        batches = self.batches
+        i = bisect_right(batches, batch)
+        if i == 0:
+            record[f"{self.name} batch below measured {batches[0]}"] += 1
+            return self.curves[0].at(x, lambda v: roofline(batches[0], v), record)
+        b0 = batches[i - 1]
+        t0 = self.curves[i - 1].at(x, lambda v: roofline(b0, v), record)
+        if batch == b0:
+            return t0
+        if i == len(batches):
+            record[f"{self.name} batch above measured {b0}"] += 1
+            return t0 + roofline(batch, x) - roofline(b0, x)
+        b1 = batches[i]
+        t1 = self.curves[i].at(x, lambda v: roofline(b1, v), record)
+        return t0 + (t1 - t0) * (batch - b0) / (b1 - b0)

@@ -1,0 +1,252 @@
+"""The measured-kernel cost model: a step's time as the sum of measured kernel times for its shapes.
+
+`build_tables` turns a profile's tables into interpolators once per (model, profile, GPU count);
+`MeasuredCost` prices a step from them in O(1).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+import polars as pl
+
+from simulator.cost.contract import StepShape
+from simulator.cost.curves import BatchCurves, Curve
+from simulator.cost.gemm import GemmTable, attention_rows
+from simulator.cost.moe import MoeTable
+from simulator.cost.operators import ALL_REDUCES_PER_LAYER, all_reduce_bytes, elementwise_ops, gemm_weight_bytes
+from simulator.cost.parallel import AllReduce
+from simulator.cost.roofline import host_overhead
+from simulator.errors import InputError
+from simulator.hardware import GpuSpec, Profile, load_profile
+from simulator.model import ModelSpec
+
+LOG = logging.getLogger("servesim.cost")
+
+
+@dataclass(frozen=True)
+class MeasuredTables:
+    """Everything `MeasuredCost` needs, precomputed once per (model, profile) so a step costs O(1)."""
+
+    model: ModelSpec
+    """One GPU's shard of the model."""
+    gpu: GpuSpec
+    layer_gemms: tuple[tuple[Curve, int, int], ...]
+    """Each linear layer's time over tokens, with its (n, k)."""
+    lm_head: Curve
+    lm_head_nk: tuple[int, int]
+    gemm: GemmTable
+    decode: BatchCurves
+    decode_scale: float
+    prefill: BatchCurves
+    prefill_scale: float
+    elementwise: tuple[tuple[Curve, bool, int, int], ...]
+    moe: Curve | None
+    """The fused experts' time over tokens (MoE models)."""
+    moe_table: MoeTable | None
+    all_reduce: AllReduce | None
+    tensor_parallel_size: int
+    step_overhead: float
+    notes: tuple[str, ...]
+    """What the tables had to stand in for or extrapolate, once, at load."""
+
+
+def _table(profile: Profile, family: str, what: str) -> pl.DataFrame:
+    if family not in profile.tables:
+        raise InputError(f"profile {profile.meta['name']!r} has no {what} measurements ({family}.parquet): "
+                         "use --cost roofline")
+    return profile.tables[family]
+
+
+def _suffix(dtype: str | None, profile: Profile) -> str:
+    return "" if dtype is None or dtype == profile.meta["dtype"] else f"_{dtype}"
+
+
+def build_tables(model: ModelSpec, profile: Profile, tensor_parallel_size: int = 1) -> MeasuredTables:
+    """Interpolators for one GPU of `model` (in its run's dtypes) split `tensor_parallel_size` ways."""
+    if tensor_parallel_size < 1:
+        raise InputError(f"tensor parallel size must be >= 1, got {tensor_parallel_size}")
+    rank = model.shard(tensor_parallel_size)
+    gpu, notes = profile.gpu, list[str]()
+    act = rank.dtype_bytes
+    base = GemmTable(profile.tables["gemm"], gpu, act)
+    weights = base
+    weight_suffix = _suffix(rank.weight_dtype, profile)
+    rates = (act, gpu.mem_bw, gpu.gemm_flops)
+    if weight_suffix:
+        if gpu.fp8_mem_bw is None or gpu.fp8_gemm_flops is None:
+            raise InputError(f"GPU profile {gpu.name!r} has no fp8_mem_bw or fp8_gemm_flops: cannot price fp8 weights")
+        rates = (rank.weight_dtype_bytes, gpu.fp8_mem_bw, gpu.fp8_gemm_flops)
+        weights = GemmTable(_table(profile, f"gemm{weight_suffix}", f"{rank.weight_dtype} GEMM"), gpu, act, rates)
+    layer_gemms = tuple((((weights if gemm_weight_bytes(rank, name) != act else base)
+                          .curve(f"gemm {name}", n, k, notes)), n, k) for name, n, k in rank.linear_shapes)
+    lm_head_nk = (rank.vocab_size, rank.hidden_size)
+    lm_head = base.curve("gemm lm_head", *lm_head_nk, notes)
+
+    kv_suffix = _suffix(rank.kv_cache_dtype, profile)
+    decode_rows, decode_scale = attention_rows(_table(profile, f"decode_attention{kv_suffix}", "decode attention"),
+                                               rank, "decode attention", notes)
+    decode = BatchCurves.from_frame("decode attention", decode_rows, "context")
+    prefill_rows, prefill_scale = attention_rows(
+        _table(profile, f"prefill_attention{kv_suffix}", "prefill attention"), rank, "prefill attention", notes)
+    prefill_rows = prefill_rows.with_columns(
+        pairs=pl.col("new_tokens") * (pl.col("context") - pl.col("new_tokens") + (pl.col("new_tokens") + 1) / 2))
+    prefill = BatchCurves.from_frame("prefill attention", prefill_rows, "pairs")
+
+    table = profile.tables["elementwise"]
+    elementwise = []
+    for op, per_seq, count, unit_bytes in elementwise_ops(rank):
+        rows = table.filter(pl.col("op") == op)
+        if rows.height == 0:
+            rows = table.filter(pl.col("op") == "elementwise")
+        elementwise.append((Curve.from_points(f"elementwise {op}", rows["bytes"].to_list(), rows["latency"].to_list()),
+                            per_seq, count, unit_bytes))
+
+    moe = moe_table = None
+    if rank.is_moe:
+        dtype = rank.weight_dtype or rank.dtype
+        frame = _table(profile, "moe", "mixture-of-experts").filter(pl.col("dtype") == dtype)
+        if frame.height == 0:
+            raise InputError(f"profile {profile.meta['name']!r} has no {dtype} MoE measurements: use --cost roofline")
+        moe_table = MoeTable(frame, act, rates)
+        moe = moe_table.curve("moe experts", (rank.hidden_size, rank.moe_intermediate_size, rank.num_experts_per_tok,
+                                              rank.num_experts), notes)
+
+    all_reduce = None
+    if tensor_parallel_size > 1:
+        all_reduce = AllReduce(tensor_parallel_size, gpu, profile.tables["collectives"])
+        if all_reduce.note is not None:
+            notes.append(all_reduce.note)
+    return MeasuredTables(rank, gpu, layer_gemms, lm_head, lm_head_nk, base, decode, decode_scale, prefill,
+                          prefill_scale, tuple(elementwise), moe, moe_table, all_reduce, tensor_parallel_size,
+                          profile.step_overhead, tuple(notes))
+
+
+class MeasuredCost:
+    pure = False  # `extrapolated` counts every step it prices
+    """A step's time as the sum over one GPU's operators (`operators.py`) of measured kernel times
+    for the step's shapes, interpolated, plus the profile's host overhead.
+
+    - GEMMs (QKV, attention output, gate/up, down per layer, or the router of a MoE layer; the LM
+      head on one token per sequence): by tokens in the step, linear between measured m (see
+      `GemmTable`), from the fp8 tables for fp8 weights.
+    - Experts of a MoE layer: the fused-MoE kernel by tokens (see `MoeTable`).
+    - Decode attention: the step's single-token rows as `decode_seqs` sequences of their mean context,
+      linear in context (KV bytes) and in sequences between measured points; fp8 KV from its own rows.
+    - Prefill attention: the multi-token rows as `prefill_seqs` sequences each with the mean number of
+      causal query-key pairs, placed on the measured (batch, prompt length) grid by their pairs
+      (a chunk of n tokens after c0 cached ones does n * (c0 + (n + 1) / 2) pairs, as a prompt of
+      equal pairs does), linear in pairs and in sequences.
+    - Elementwise kernels: by the bytes each moves (`elementwise_ops`).
+    - Tensor parallelism: each GPU's shard of the model plus two all-reduces of the hidden state
+      per layer (`AllReduce`).
+    Beyond the measured range every family extrapolates by its roofline; `extrapolated` counts the
+    steps that did, and `notes` lists what the tables stood in for at load."""
+
+    def __init__(self, tables: MeasuredTables) -> None:
+        self.tables = tables
+        self.extrapolated: Counter[str] = Counter()
+        model, gpu = tables.model, tables.gpu
+        self._decode_seconds = model.kv_bytes_per_token_per_layer / gpu.attn_bw
+        self._elementwise_roofline = lambda nbytes: nbytes / gpu.mem_bw
+        self._prefill_flops = 4.0 * model.num_heads * model.head_dim / gpu.attn_flops
+        q_kv_o = 2 * model.num_heads + 2 * model.num_kv_heads
+        self._prefill_bytes = q_kv_o * model.head_dim * model.dtype_bytes / gpu.attn_bw
+        self._gemm_rooflines = [(curve, self._gemm_roofline(n, k)) for curve, n, k in tables.layer_gemms]
+        self._lm_head_roofline = self._gemm_roofline(*tables.lm_head_nk)
+
+    def _gemm_roofline(self, n: int, k: int) -> Callable[[float], float]:
+        gemm = self.tables.gemm
+        return lambda m: float(gemm.roofline(m, n, k))
+
+    @property
+    def notes(self) -> tuple[str, ...]:
+        return self.tables.notes
+
+    def _gemms(self, tokens: int, num_seqs: int) -> tuple[float, float]:
+        t = self.tables
+        layer = 0.0
+        for curve, roofline in self._gemm_rooflines:
+            layer += curve.at(tokens, roofline, self.extrapolated)
+        head = t.lm_head.at(num_seqs, self._lm_head_roofline, self.extrapolated)
+        return layer, head
+
+    def decode_roofline(self, batch: float, context: float) -> float:
+        return batch * context * self._decode_seconds
+
+    def prefill_roofline(self, batch: float, pairs: float) -> float:
+        tokens = (math.sqrt(1 + 8 * pairs) - 1) / 2  # the prompt length with these causal pairs
+        return batch * max(pairs * self._prefill_flops, tokens * self._prefill_bytes)
+
+    def _elementwise(self, tokens: int, num_seqs: int) -> float:
+        total = 0.0
+        for curve, per_seq, count, unit_bytes in self.tables.elementwise:
+            total += count * curve.at((num_seqs if per_seq else tokens) * unit_bytes, self._elementwise_roofline,
+                                      self.extrapolated)
+        return total
+
+    def _moe(self, tokens: int) -> float:
+        t = self.tables
+        if t.moe is None or t.moe_table is None:
+            return 0.0
+        m = t.model
+        shape = (m.hidden_size, m.moe_intermediate_size, m.num_experts_per_tok, m.num_experts)
+        table = t.moe_table
+        return m.num_layers * t.moe.at(tokens, lambda x: float(table.roofline(x, shape)), self.extrapolated)
+
+    def _all_reduce(self, tokens: int) -> float:
+        t = self.tables
+        if t.all_reduce is None:
+            return 0.0
+        return ALL_REDUCES_PER_LAYER * t.model.num_layers * t.all_reduce.time(all_reduce_bytes(t.model, tokens),
+                                                                              self.extrapolated)
+
+    def breakdown(self, shape: StepShape) -> dict[str, float]:
+        """Seconds per operator family for one step (the sum is `step_time`)."""
+        t = self.tables
+        tokens = shape.num_tokens
+        if tokens == 0:
+            return {}
+        layers = t.model.num_layers
+        layer_gemms, head = self._gemms(tokens, shape.num_seqs)
+        decode = prefill = 0.0
+        if shape.decode_seqs:
+            decode = layers * t.decode_scale * t.decode.at(shape.decode_seqs, shape.decode_context / shape.decode_seqs,
+                                                           self.decode_roofline, self.extrapolated)
+        if shape.prefill_seqs:
+            prefill = layers * t.prefill_scale * t.prefill.at(
+                shape.prefill_seqs, shape.prefill_pairs / shape.prefill_seqs, self.prefill_roofline, self.extrapolated)
+        return {"gemm": layers * layer_gemms + head, "moe": self._moe(tokens), "decode_attention": decode,
+                "prefill_attention": prefill, "elementwise": self._elementwise(tokens, shape.num_seqs),
+                "collectives": self._all_reduce(tokens),
+                "overhead": host_overhead(t.gpu, t.step_overhead, shape.num_seqs, tokens)}
+
+    def step_time(self, shape: StepShape) -> float:
+        if shape.num_tokens == 0:
+            return 0.0
+        before = len(self.extrapolated)
+        total = sum(self.breakdown(shape).values())
+        if len(self.extrapolated) > before:
+            LOG.warning("measured cost extrapolated by roofline: %s", ", ".join(list(self.extrapolated)[before:]))
+        return total
+
+    def decode_step_times(self, num_seqs: int, contexts: np.ndarray) -> np.ndarray:
+        """`step_time` of decode-only steps, one call each: the same numbers by construction."""
+        return np.array([self.step_time(StepShape(num_seqs, num_seqs, int(c))) for c in contexts], dtype=np.float64)
+
+
+@lru_cache(maxsize=32)
+def _cached_tables(model: ModelSpec, profile: Profile, tensor_parallel_size: int) -> MeasuredTables:
+    # Profiles hash by identity, and `load_profile` returns the same object until the files change.
+    return build_tables(model, profile, tensor_parallel_size)
+
+
+def measured_cost(model: ModelSpec, gpu: str, tensor_parallel_size: int = 1) -> MeasuredCost:
+    """The measured-kernel cost of `model` on a profile (shipped name or path), with fresh records."""
+    return MeasuredCost(_cached_tables(model, load_profile(gpu), tensor_parallel_size))

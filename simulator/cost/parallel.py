@@ -1,0 +1,50 @@
+"""Tensor parallelism's communication: the all-reduce of the hidden state, priced from measured
+collectives where the profile has them, by the ring all-reduce's roofline where it does not.
+
+The shards themselves (which heads, columns and vocabulary rows a GPU holds) are `ModelSpec.shard`.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import polars as pl
+
+from simulator.cost.curves import Curve
+from simulator.errors import InputError
+from simulator.hardware import GpuSpec
+
+
+class AllReduce:
+    """Seconds of one all-reduce of `nbytes` across `num_gpus` GPUs: the measured curve for that GPU
+    count, linear in message size between its points, floored below them; beyond them, and for a
+    GPU count never measured, a ring all-reduce on the interconnect: latency + 2 (N - 1) / N x bytes
+    / bandwidth (NVLink's per-GPU bandwidth from the profile's system data)."""
+
+    def __init__(self, num_gpus: int, gpu: GpuSpec, collectives: pl.DataFrame | None) -> None:
+        self.num_gpus = num_gpus
+        if gpu.interconnect_bw is None:
+            raise InputError(f"GPU profile {gpu.name!r} has no interconnect_bw: cannot price "
+                             f"--tensor-parallel-size {num_gpus}")
+        self.bandwidth, self.latency = gpu.interconnect_bw, gpu.interconnect_latency
+        self.note: str | None = None
+        """What stood in for measurements, if anything."""
+        rows = None
+        if collectives is not None:
+            rows = collectives.filter((pl.col("op") == "all_reduce") & (pl.col("num_gpus") == num_gpus))
+        if rows is None or rows.height == 0:
+            self.note = (f"no all-reduce measured on {num_gpus} GPUs: a ring all-reduce at "
+                         f"{self.bandwidth / 1e9:.0f} GB/s and {self.latency * 1e6:.1f} us")
+            self.curve: Curve | None = None
+        else:
+            self.curve = Curve.from_points(f"all_reduce ({num_gpus} GPUs)", rows["message_bytes"].to_list(),
+                                           rows["latency"].to_list())
+
+    def roofline(self, nbytes: float) -> float:
+        n = self.num_gpus
+        return self.latency + 2 * (n - 1) / n * nbytes / self.bandwidth
+
+    def time(self, nbytes: float, record: Counter[str]) -> float:
+        if self.curve is None:
+            return self.roofline(nbytes)
+        return self.curve.at(nbytes, self.roofline, record)
