@@ -67,7 +67,7 @@ def token_chunks(log: StepLog, rows_per_chunk: int = ROWS_PER_CHUNK) -> Iterator
 
 
 def tokens_table(log: StepLog) -> pl.DataFrame:
-    """The whole tokens table in memory (see `token_chunks`; `write_tokens` streams it to a file)."""
+    """The whole tokens table in memory (see `token_chunks`; `TokensTable` streams it to a file)."""
     chunks = list(token_chunks(log))
     return pl.concat(chunks) if chunks else pl.DataFrame(schema=TOKENS_SCHEMA)
 

@@ -15,6 +15,7 @@ def test_ruff_clean() -> None:
 
 
 def test_mypy_clean() -> None:
-    done = subprocess.run([sys.executable, "-m", "mypy", "simulator", "policies", "workloads", "calibration"],
+    packages = ["simulator", "policies", "workloads", "calibration", "benchmarks"]
+    done = subprocess.run([sys.executable, "-m", "mypy", *packages],
                           cwd=ROOT, capture_output=True, text=True)
     assert done.returncode == 0, done.stdout + done.stderr

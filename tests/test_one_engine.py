@@ -18,7 +18,7 @@ from simulator.clock import Clock
 from simulator.config import RunConfig
 from simulator.metrics import build_tables
 from simulator.simulate import simulate
-from simulator.tokens import token_chunks, tokens_table, write_tokens
+from simulator.tokens import TokensTable, token_chunks, tokens_table
 from workloads import Workload
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -135,7 +135,9 @@ def test_streamed_tokens_table_equals_the_whole_table(tmp_path: Path) -> None:
     small = pl.concat(list(token_chunks(result.log, rows_per_chunk=1000)))
     assert small.equals(whole)
     assert len(list(token_chunks(result.log, rows_per_chunk=1000))) > 10
-    write_tokens(result.log, tmp_path / "t.parquet", {b"k": b"v"})
+    written: list[int] = []
+    TokensTable(result.log).write(tmp_path / "t.parquet", {b"k": b"v"}, written.append)
+    assert written[-1] == whole.height == TokensTable(result.log).height
     assert pl.read_parquet(tmp_path / "t.parquet").equals(whole)
     # Per request, the indices count 0, 1, 2, ... and times never go back.
     assert whole.group_by("request_id").agg((pl.col("index").diff().drop_nulls() == 1).all()).get_column(
