@@ -18,6 +18,7 @@ import polars as pl
 from plotly.subplots import make_subplots
 
 from simulator.batch_table import BatchTable
+from simulator.errors import InputError
 
 LOAD_AXES = ("rate", "concurrency")
 # Settings that never split a sweep's curves: the load (the x axis), the seed (averaged) and the
@@ -187,9 +188,12 @@ def batch_table_figure(table: BatchTable, title: str) -> go.Figure:
     return fig
 
 
-def write_page(path: Path, title: str, intro: str, figures: dict[str, go.Figure]) -> None:
-    """One HTML file with plotly.js inlined (no network needed), written atomically; `intro` is HTML the
-    caller has escaped."""
+def write_page(path: Path, title: str, intro: str, figures: dict[str, go.Figure], subject: str | None = None) -> None:
+    """One HTML file with plotly.js inlined (no network needed), written atomically.
+
+    `intro` is HTML the caller has escaped. A path that cannot be written is an `InputError` that
+    starts with `subject` (how the user named the file; the quoted path by default).
+    """
     parts = []
     for i, (name, fig) in enumerate(figures.items()):
         parts.append(fig.to_html(full_html=False, include_plotlyjs=i == 0, div_id=name,
@@ -197,10 +201,15 @@ def write_page(path: Path, title: str, intro: str, figures: dict[str, go.Figure]
     page = (f"<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>{html.escape(title)}</title>"
             f"<style>{PAGE_STYLE}</style></head>\n"
             f"<body><h1>{html.escape(title)}</h1>{intro}\n" + "\n".join(parts) + "\n</body></html>\n")
-    path.parent.mkdir(parents=True, exist_ok=True)
+    subject = subject or repr(str(path))
+    if path.is_dir():
+        raise InputError(f"{subject} is a folder; name the HTML file to write, e.g. {str(path / 'report.html')!r}")
     partial = path.with_name(f".{path.name}.partial")
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
         partial.write_text(page)
         os.replace(partial, path)
+    except OSError as exc:
+        raise InputError(f"{subject} cannot be written ({exc.strerror or exc})") from None
     finally:
         partial.unlink(missing_ok=True)

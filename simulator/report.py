@@ -1,8 +1,9 @@
 """`simulate report`: one self-contained HTML page of plotly figures for a run folder or a sweep file.
 
 A run's page opens with the verdict (kept up, OVERLOADED, too short to tell, nothing completed) and
-the summary as tables, then its figures (`simulator.run_figures`). Every string from the folder is
-escaped on the page.
+the summary as tables, then its figures (`simulator.run_figures`). A run folder is untrusted input:
+summary.json is checked for the types the page uses, each Parquet file for the columns it draws,
+and every string from the folder is escaped on the page.
 """
 
 from __future__ import annotations
@@ -23,8 +24,20 @@ from simulator.errors import InputError
 if TYPE_CHECKING:  # polars loads when a page is drawn, not when the command line starts
     import polars as pl
 
+COUNTS = ("arrived", "completed", "unfinished", "preemptions", "kv_blocks", "kv_capacity_tokens")
+NUMBERS = ("duration", "request_throughput", "output_throughput", "total_token_throughput", "request_goodput",
+           "utilisation", "offered_rate", "queue_growth", "cost_extrapolations")
 LATENCIES = (("ttft", "TTFT"), ("tpot", "TPOT"), ("itl", "ITL"), ("e2el", "E2EL"), ("queue", "queue"))
 STATS = re.compile(r"(mean|median|std|p\d+(?:\.\d+)?)_(ttft|tpot|itl|e2el|queue)")
+# The columns each table must have for the figures, and their kind.
+COLUMNS = {
+    "requests.parquet": {"request_id": "integer", "arrival": "numeric", "first_token": "numeric",
+                         "finish": "numeric", "ttft": "numeric", "tpot": "numeric", "e2el": "numeric",
+                         "preemptions": "integer", "finished": "boolean"},
+    "steps.parquet": {"start": "numeric", "num_seqs": "integer", "prefill_tokens": "numeric",
+                      "kv_blocks_used": "numeric", "num_waiting": "numeric", "num_preempted": "integer"},
+    "tokens.parquet": {"request_id": "integer", "index": "integer", "time": "numeric"},
+}
 
 
 @dataclass(frozen=True)
@@ -39,6 +52,12 @@ class RunFolder:
     """None when the run was written with --no-tokens."""
 
 
+def shown(value: object) -> str:
+    """A value from a file, quoted and cut short for an error line."""
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
 def number(value: object) -> float | None:
     """A summary number as written by `outputs.json_safe` (NaN as null, infinities as "inf"); None if it is none."""
     if value is None:
@@ -50,16 +69,63 @@ def number(value: object) -> float | None:
     return float(value)
 
 
-def read_run_folder(folder: Path) -> RunFolder:
+def read_summary(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    """summary.json's settings and summary, with every value the page uses checked."""
+    try:
+        raw = json.loads(path.read_text())
+    except UnicodeDecodeError:
+        raise InputError(f"{str(path)!r} is not UTF-8 text") from None
+    except json.JSONDecodeError as exc:
+        raise InputError(f"{str(path)!r} is not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})"
+                         ) from None
+    if not isinstance(raw, dict) or not all(isinstance(raw.get(key), dict) for key in ("settings", "summary")):
+        raise InputError(f"{str(path)!r} is not a run's summary (it needs the objects \"settings\" and \"summary\")")
+    summary = raw["summary"]
+    for key in COUNTS:
+        value = summary.get(key)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise InputError(f"{str(path)!r}: summary.{key} must be a count, got {shown(value)}")
+    if summary["kv_blocks"] < 1:
+        raise InputError(f"{str(path)!r}: summary.kv_blocks must be positive, got {summary['kv_blocks']}")
+    for key, value in summary.items():
+        if (key in NUMBERS or STATS.fullmatch(key)) and number(value) is None:
+            raise InputError(f"{str(path)!r}: summary.{key} must be a number or null, got {shown(value)}")
+    if summary.get("kept_up") not in (True, False, None):
+        raise InputError(f"{str(path)!r}: summary.kept_up must be true, false or null, got {shown(summary['kept_up'])}")
+    for key in ("load", "cost_extrapolated"):
+        if not isinstance(summary.get(key, ""), str):
+            raise InputError(f"{str(path)!r}: summary.{key} must be a string, got {shown(summary[key])}")
+    return raw["settings"], summary
+
+
+def read_table(path: Path) -> pl.DataFrame:
+    """The columns the figures draw from one of the run's Parquet files, their kinds checked."""
     import polars as pl
 
+    columns = COLUMNS[path.name]
+    try:
+        schema = pl.read_parquet_schema(path)
+        missing = [name for name in columns if name not in schema]
+        if missing:
+            raise InputError(f"{str(path)!r} lacks the column(s) {', '.join(missing)}")
+        for name, kind in columns.items():
+            dtype = schema[name]
+            if not (dtype == pl.Boolean if kind == "boolean" else getattr(dtype, f"is_{kind}")()):
+                raise InputError(f"{str(path)!r}: column {name} holds {dtype}, not {kind} values")
+        return pl.read_parquet(path, columns=list(columns))
+    except (OSError, pl.exceptions.PolarsError) as exc:
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise InputError(f"{str(path)!r} is not a readable Parquet file ({reason[:120]})") from None
+
+
+def read_run_folder(folder: Path) -> RunFolder:
     missing = [name for name in ("requests.parquet", "steps.parquet", "summary.json") if not (folder / name).is_file()]
     if missing:
         raise InputError(f"{str(folder)!r} is not a run folder (no {', '.join(missing)})")
-    saved = json.loads((folder / "summary.json").read_text())
+    settings, summary = read_summary(folder / "summary.json")
     tokens = folder / "tokens.parquet"  # absent when the run was written with --no-tokens
-    return RunFolder(saved["settings"], saved["summary"], pl.read_parquet(folder / "requests.parquet"),
-                     pl.read_parquet(folder / "steps.parquet"), pl.read_parquet(tokens) if tokens.is_file() else None)
+    return RunFolder(settings, summary, read_table(folder / "requests.parquet"), read_table(folder / "steps.parquet"),
+                     read_table(tokens) if tokens.is_file() else None)
 
 
 def fmt(value: object, spec: str) -> str:
@@ -158,15 +224,16 @@ def write_report(source: Path, out: Path | None = None) -> Path:
 
     if not source.exists():
         raise InputError(f"{str(source)!r} does not exist")
+    subject = f"--out {str(out)!r}" if out is not None else None
     if source.is_dir():
         run = read_run_folder(source)
         figures = run_figures(run.requests, run.steps, run.tokens, run.summary["kv_blocks"])
         out = out or source / "report.html"
-        write_page(out, f"servesim run {source.name}", run_header(source, run, list(figures)), figures)
+        write_page(out, f"servesim run {source.name}", run_header(source, run, list(figures)), figures, subject)
     else:
         rows, figures = sweep_figures(source)
         out = out or source.with_suffix(".html")
-        write_page(out, f"servesim sweep {source.name}", sweep_notes(rows), figures)
+        write_page(out, f"servesim sweep {source.name}", sweep_notes(rows), figures, subject)
     return out
 
 
