@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import polars as pl
@@ -129,3 +130,19 @@ def test_strings_from_the_run_folder_are_escaped(small_run: Path, tmp_path: Path
                               "--dump-dom", (folder / "report.html").as_uri()], capture_output=True, text=True,
                              timeout=120).stdout
         assert "<body" in dom and "data-pwned=" not in dom.split("<body", 1)[1].split(">", 1)[0]
+
+
+def test_reports_do_not_reach_up_into_the_command_line(small_run: Path, tmp_path: Path) -> None:
+    """Imports point down: drawing a run's or a sweep's page loads nothing of simulator.cli."""
+    sweep = tmp_path / "sweep.parquet"
+    pl.DataFrame({"config_id": ["a"], "policy": ["static"], "rate": [1.0], "seed": [0], "error": [None],
+                  "request_throughput": [1.0], "median_ttft": [0.1], "p99_ttft": [0.2], "median_itl": [0.01],
+                  "p99_itl": [0.02], "kept_up": [True]}).write_parquet(sweep)
+    script = ("import sys; from pathlib import Path; from simulator.report import write_report; "
+              f"write_report(Path({str(small_run)!r}), Path({str(tmp_path / 'r.html')!r})); "
+              f"write_report(Path({str(sweep)!r})); "
+              "print(sorted(m for m in sys.modules if m.startswith('simulator.cli')))")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True,
+                          cwd=Path(__file__).parent.parent)
+    assert done.stdout.strip() == "[]"
+    assert (tmp_path / "r.html").is_file() and sweep.with_suffix(".html").is_file()
