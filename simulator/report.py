@@ -59,7 +59,7 @@ def shown(value: object) -> str:
 
 
 def number(value: object) -> float | None:
-    """A summary number as written by `outputs.json_safe` (NaN as null, infinities as "inf"); None if it is none."""
+    """A summary number as `outputs.json_safe` writes it (NaN as null, infinities as "inf"); None if not a number."""
     if value is None:
         return math.nan
     if value in ("inf", "-inf"):

@@ -43,6 +43,14 @@ def duration_text(seconds: float) -> str:
     return f"{seconds:.3g} s" if seconds >= 1 else f"{seconds * 1e3:.3g} ms"
 
 
+def label_sides(values: np.ndarray, marks: np.ndarray) -> list[str]:
+    """Each percentile label's side: toward the middle of the log axis, so it stays inside the panel;
+    the last (p99) above its mark, clear of p90's label."""
+    low, high = np.log10(values[values > 0].min()), np.log10(values.max())
+    sides = ["right" if np.log10(max(mark, 1e-300)) < (low + high) / 2 else "left" for mark in marks]
+    return [f"{'top' if i == len(marks) - 1 else 'middle'} {side}" for i, side in enumerate(sides)]
+
+
 def latency_figure(requests: pl.DataFrame, itl: np.ndarray | None) -> go.Figure:
     """TTFT, TPOT, ITL and E2EL CDFs of the finished requests; `itl` None when the run has no tokens table."""
     done = requests.filter(pl.col("finished"))
@@ -63,7 +71,7 @@ def latency_figure(requests: pl.DataFrame, itl: np.ndarray | None) -> go.Figure:
         fig.add_trace(go.Scatter(
             x=marks * 1e3, y=np.array(MARKED_PERCENTILES) / 100, name=f"{name} percentiles", mode="markers+text",
             text=[f"p{q:g} {duration_text(v)} " for q, v in zip(MARKED_PERCENTILES, marks, strict=True)],
-            textposition=["middle left", "middle left", "top left"], cliponaxis=False,
+            textposition=label_sides(values, marks), cliponaxis=False,
             marker={"color": RED, "size": 8}), row=row, col=col)
     fig.update_xaxes(type="log")
     fig.update_yaxes(range=[0, 1.1])
