@@ -1,21 +1,18 @@
-"""The report figures (plotly): for a run folder, a sweep file and the chapter's batch table.
+"""The report figures (plotly) of a sweep file and of the chapter's batch table, and the page they go on.
 
-A run: TTFT / ITL / E2EL distributions, token times of a sample of requests (a stall is a gap in
-a row), and batch size, KV use and queue length over time. A sweep: throughput against median and
-tail latency, goodput (or throughput) against the offered load, and each group's saturation knee:
-the highest load it kept up with before the first overloaded one. The figures show seconds as ms.
+A sweep: throughput against median and tail latency, goodput (or throughput) against the offered
+load, and each group's saturation knee: the highest load it kept up with before the first
+overloaded one. The figures show seconds as ms. A run's figures are in `simulator.run_figures`.
 """
 
 from __future__ import annotations
 
 import html
-import json
 import math
 import os
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import plotly.graph_objects as go
 import polars as pl
 from plotly.subplots import make_subplots
@@ -23,97 +20,15 @@ from plotly.subplots import make_subplots
 from simulator.batch_table import BatchTable
 from simulator.errors import InputError
 
-CDF_POINTS = 2000
-"""A distribution is drawn through at most this many quantiles (every value when fewer)."""
-TRACE_REQUESTS = 100
-"""Token-time figures show this many requests, evenly spaced by id."""
 LOAD_AXES = ("rate", "concurrency")
 # Settings that never split a sweep's curves: the load (the x axis), the seed (averaged) and the
 # columns that are no settings at all.
 NOT_GROUPING = (*LOAD_AXES, "seed", "config_id", "error")
-
-
-def cdf_points(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(value, cumulative share) at evenly spaced quantiles, numpy's linear method."""
-    share = np.linspace(0.0, 1.0, min(len(values), CDF_POINTS))
-    return np.quantile(values, share, method="linear"), share
-
-
-def latency_figure(requests: pl.DataFrame, tokens: pl.DataFrame | None) -> go.Figure:
-    """TTFT, ITL and E2EL CDFs; without a tokens table (a --no-tokens run) the ITL panel is empty."""
-    from simulator.metrics import inter_token_latencies
-
-    done = requests.filter(pl.col("finished"))
-    itl = np.zeros(0)
-    if tokens is not None:
-        itl = inter_token_latencies(tokens.filter(pl.col("request_id").is_in(done["request_id"].implode())))
-    samples = {"TTFT": done["ttft"].to_numpy(), "ITL": itl, "E2EL": done["e2el"].to_numpy()}
-    fig = make_subplots(rows=1, cols=3, subplot_titles=[f"{name} (ms)" for name in samples])
-    for col, (name, values) in enumerate(samples.items(), start=1):
-        if len(values):
-            x, y = cdf_points(values)
-            fig.add_trace(go.Scatter(x=x * 1e3, y=y, name=name, mode="lines"), row=1, col=col)
-    fig.update_yaxes(title_text="share of samples", row=1, col=1)
-    fig.update_layout(title="Latency distributions (CDF, finished requests)", height=380)
-    return fig
-
-
-def sample_requests(requests: pl.DataFrame) -> np.ndarray:
-    ids = requests["request_id"].to_numpy()
-    if len(ids) <= TRACE_REQUESTS:
-        return ids
-    return ids[np.linspace(0, len(ids) - 1, TRACE_REQUESTS).round().astype(int)]
-
-
-def token_figure(requests: pl.DataFrame, tokens: pl.DataFrame) -> go.Figure:
-    """Every token of the sampled requests as a mark at its time; below, each gap since the last."""
-    chosen = sample_requests(requests)
-    sample = tokens.filter(pl.col("request_id").is_in(pl.Series(chosen).implode())).sort("request_id", "index")
-    ids, times = sample["request_id"].to_numpy(), sample["time"].to_numpy()
-    same = ids[1:] == ids[:-1]
-    fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.06, row_heights=[0.6, 0.4])
-    fig.add_trace(go.Scattergl(x=times, y=ids, mode="markers", marker={"size": 3}, name="token"), row=1, col=1)
-    fig.add_trace(go.Scattergl(x=times[1:][same], y=(times[1:] - times[:-1])[same] * 1e3, mode="markers",
-                               marker={"size": 3}, name="gap"), row=2, col=1)
-    fig.update_yaxes(title_text="request id", row=1, col=1)
-    fig.update_yaxes(title_text="gap since previous token (ms)", row=2, col=1)
-    fig.update_xaxes(title_text="time (s)", row=2, col=1)
-    shown = f"{len(chosen)} of {requests.height} requests" if len(chosen) < requests.height else "every request"
-    fig.update_layout(title=f"Token times ({shown}); a gap in a row is a stall", height=700, showlegend=False)
-    return fig
-
-
-def server_figure(steps: pl.DataFrame, kv_blocks: int) -> go.Figure:
-    start = steps["start"].to_numpy()
-    series = {"batch size (sequences)": steps["num_seqs"].to_numpy(),
-              "KV cache used (%)": steps["kv_blocks_used"].to_numpy() / kv_blocks * 100,
-              "waiting requests": steps["num_waiting"].to_numpy()}
-    fig = make_subplots(rows=3, cols=1, shared_xaxes=True, vertical_spacing=0.05)
-    for row, (name, values) in enumerate(series.items(), start=1):
-        fig.add_trace(go.Scattergl(x=start, y=values, mode="lines", line={"shape": "hv"}, name=name), row=row, col=1)
-        fig.update_yaxes(title_text=name, row=row, col=1)
-    fig.update_xaxes(title_text="time (s)", row=3, col=1)
-    fig.update_layout(title="The server over time (one point per forward pass)", height=700, showlegend=False)
-    return fig
-
-
-def run_figures(folder: Path) -> tuple[dict[str, Any], dict[str, go.Figure]]:
-    """The run's summary.json and its figures by page id."""
-    missing = [name for name in ("requests.parquet", "steps.parquet", "summary.json")
-               if not (folder / name).is_file()]
-    if missing:
-        raise InputError(f"{str(folder)!r} is not a run folder (no {', '.join(missing)})")
-    saved = json.loads((folder / "summary.json").read_text())
-    requests = pl.read_parquet(folder / "requests.parquet")
-    steps = pl.read_parquet(folder / "steps.parquet")
-    figures = {}
-    if (folder / "tokens.parquet").is_file():  # absent when the run was written with --no-tokens
-        tokens = pl.read_parquet(folder / "tokens.parquet")
-        figures["latency"] = latency_figure(requests, tokens)
-        figures["tokens"] = token_figure(requests, tokens)
-    else:
-        figures["latency"] = latency_figure(requests, None)
-    return saved, figures | {"server": server_figure(steps, saved["summary"]["kv_blocks"])}
+PAGE_STYLE = ("body{font-family:sans-serif;margin:1.5em} table{border-collapse:collapse;margin:0.5em 0 1em}"
+              "td,th{padding:2px 10px;text-align:right;border-bottom:1px solid #ddd} th:first-child,"
+              "td:first-child{text-align:left} .verdict{font-size:1.2em;padding:0.5em;border-left:6px solid}"
+              " .bad{border-color:#d62728;background:#fdecea} .good{border-color:#2ca02c;background:#eaf6ea}"
+              " .unsure{border-color:#ff7f0e;background:#fff4e5}")
 
 
 def load_axis(rows: pl.DataFrame) -> str | None:
@@ -273,19 +188,28 @@ def batch_table_figure(table: BatchTable, title: str) -> go.Figure:
     return fig
 
 
-def write_page(path: Path, title: str, intro: str, figures: dict[str, go.Figure]) -> None:
-    """One HTML file with plotly.js inlined (no network needed), written atomically."""
+def write_page(path: Path, title: str, intro: str, figures: dict[str, go.Figure], subject: str | None = None) -> None:
+    """One HTML file with plotly.js inlined (no network needed), written atomically.
+
+    `intro` is HTML the caller has escaped. A path that cannot be written is an `InputError` that
+    starts with `subject` (how the user named the file; the quoted path by default).
+    """
     parts = []
     for i, (name, fig) in enumerate(figures.items()):
         parts.append(fig.to_html(full_html=False, include_plotlyjs=i == 0, div_id=name,
                                  config={"responsive": True}))
     page = (f"<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>{html.escape(title)}</title>"
-            "<style>body{font-family:sans-serif;margin:1.5em}</style></head>\n"
+            f"<style>{PAGE_STYLE}</style></head>\n"
             f"<body><h1>{html.escape(title)}</h1>{intro}\n" + "\n".join(parts) + "\n</body></html>\n")
-    path.parent.mkdir(parents=True, exist_ok=True)
+    subject = subject or repr(str(path))
+    if path.is_dir():
+        raise InputError(f"{subject} is a folder; name the HTML file to write, e.g. {str(path / 'report.html')!r}")
     partial = path.with_name(f".{path.name}.partial")
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
         partial.write_text(page)
         os.replace(partial, path)
+    except OSError as exc:
+        raise InputError(f"{subject} cannot be written ({exc.strerror or exc})") from None
     finally:
         partial.unlink(missing_ok=True)

@@ -1,37 +1,239 @@
 """`simulate report`: one self-contained HTML page of plotly figures for a run folder or a sweep file.
 
-The figures themselves live in `simulator.figures`, imported when a page is drawn.
+A run's page opens with the verdict (kept up, OVERLOADED, too short to tell, nothing completed) and
+the summary as tables, then its figures (`simulator.run_figures`). A run folder is untrusted input:
+summary.json is checked for the types the page uses, each Parquet file for the columns it draws,
+and every string from the folder is escaped on the page.
 """
 
 from __future__ import annotations
 
 import html
+import json
+import math
+import re
 import webbrowser
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from simulator.errors import InputError
 
+if TYPE_CHECKING:  # polars loads when a page is drawn, not when the command line starts
+    import polars as pl
+
+COUNTS = ("arrived", "completed", "unfinished", "preemptions", "kv_blocks", "kv_capacity_tokens")
+NUMBERS = ("duration", "request_throughput", "output_throughput", "total_token_throughput", "request_goodput",
+           "utilisation", "offered_rate", "queue_growth", "cost_extrapolations")
+LATENCIES = (("ttft", "TTFT"), ("tpot", "TPOT"), ("itl", "ITL"), ("e2el", "E2EL"), ("queue", "queue"))
+STATS = re.compile(r"(mean|median|std|p\d+(?:\.\d+)?)_(ttft|tpot|itl|e2el|queue)")
+# The columns each table must have for the figures, and their kind.
+COLUMNS = {
+    "requests.parquet": {"request_id": "integer", "arrival": "numeric", "first_token": "numeric",
+                         "finish": "numeric", "ttft": "numeric", "tpot": "numeric", "e2el": "numeric",
+                         "preemptions": "integer", "finished": "boolean"},
+    "steps.parquet": {"start": "numeric", "num_seqs": "integer", "prefill_tokens": "numeric",
+                      "kv_blocks_used": "numeric", "num_waiting": "numeric", "num_preempted": "integer"},
+    "tokens.parquet": {"request_id": "integer", "index": "integer", "time": "numeric"},
+}
+
+
+@dataclass(frozen=True)
+class RunFolder:
+    """A run folder's settings and summary (summary.json) and the tables the figures draw."""
+
+    settings: dict[str, Any]
+    summary: dict[str, Any]
+    requests: pl.DataFrame
+    steps: pl.DataFrame
+    tokens: pl.DataFrame | None
+    """None when the run was written with --no-tokens."""
+
+
+def shown(value: object) -> str:
+    """A value from a file, quoted and cut short for an error line."""
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def number(value: object) -> float | None:
+    """A summary number as `outputs.json_safe` writes it (NaN as null, infinities as "inf"); None if not a number."""
+    if value is None:
+        return math.nan
+    if value in ("inf", "-inf"):
+        return float(value)  # type: ignore[arg-type]
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value)
+
+
+def read_summary(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    """summary.json's settings and summary, with every value the page uses checked."""
+    try:
+        raw = json.loads(path.read_text())
+    except UnicodeDecodeError:
+        raise InputError(f"{str(path)!r} is not UTF-8 text") from None
+    except json.JSONDecodeError as exc:
+        raise InputError(f"{str(path)!r} is not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})"
+                         ) from None
+    if not isinstance(raw, dict) or not all(isinstance(raw.get(key), dict) for key in ("settings", "summary")):
+        raise InputError(f"{str(path)!r} is not a run's summary (it needs the objects \"settings\" and \"summary\")")
+    summary = raw["summary"]
+    for key in COUNTS:
+        value = summary.get(key)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise InputError(f"{str(path)!r}: summary.{key} must be a count, got {shown(value)}")
+    if summary["kv_blocks"] < 1:
+        raise InputError(f"{str(path)!r}: summary.kv_blocks must be positive, got {summary['kv_blocks']}")
+    for key, value in summary.items():
+        if (key in NUMBERS or STATS.fullmatch(key)) and number(value) is None:
+            raise InputError(f"{str(path)!r}: summary.{key} must be a number or null, got {shown(value)}")
+    if summary.get("kept_up") not in (True, False, None):
+        raise InputError(f"{str(path)!r}: summary.kept_up must be true, false or null, got {shown(summary['kept_up'])}")
+    for key in ("load", "cost_extrapolated"):
+        if not isinstance(summary.get(key, ""), str):
+            raise InputError(f"{str(path)!r}: summary.{key} must be a string, got {shown(summary[key])}")
+    return raw["settings"], summary
+
+
+def read_table(path: Path) -> pl.DataFrame:
+    """The columns the figures draw from one of the run's Parquet files, their kinds checked."""
+    import polars as pl
+
+    columns = COLUMNS[path.name]
+    try:
+        schema = pl.read_parquet_schema(path)
+        missing = [name for name in columns if name not in schema]
+        if missing:
+            raise InputError(f"{str(path)!r} lacks the column(s) {', '.join(missing)}")
+        for name, kind in columns.items():
+            dtype = schema[name]
+            if not (dtype == pl.Boolean if kind == "boolean" else getattr(dtype, f"is_{kind}")()):
+                raise InputError(f"{str(path)!r}: column {name} holds {dtype}, not {kind} values")
+        return pl.read_parquet(path, columns=list(columns))
+    except (OSError, pl.exceptions.PolarsError) as exc:
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise InputError(f"{str(path)!r} is not a readable Parquet file ({reason[:120]})") from None
+
+
+def read_run_folder(folder: Path) -> RunFolder:
+    missing = [name for name in ("requests.parquet", "steps.parquet", "summary.json") if not (folder / name).is_file()]
+    if missing:
+        raise InputError(f"{str(folder)!r} is not a run folder (no {', '.join(missing)})")
+    settings, summary = read_summary(folder / "summary.json")
+    tokens = folder / "tokens.parquet"  # absent when the run was written with --no-tokens
+    return RunFolder(settings, summary, read_table(folder / "requests.parquet"), read_table(folder / "steps.parquet"),
+                     read_table(tokens) if tokens.is_file() else None)
+
+
+def fmt(value: object, spec: str) -> str:
+    """A checked summary number for display: '-' for none (null, NaN, missing)."""
+    x = number(value)
+    return "-" if x is None or math.isnan(x) else format(x, spec)
+
+
+def milliseconds(seconds: object) -> str:
+    x = number(seconds)
+    return "-" if x is None or math.isnan(x) else f"{x * 1e3:.2f}"
+
+
+def verdict(summary: dict[str, Any], settings: dict[str, Any]) -> tuple[str, str]:
+    """(css class, sentence): did the server keep up? Said only when some request completed."""
+    limit = f" before --time-limit {settings['time_limit']} s" if settings.get("time_limit") is not None else ""
+    if summary["arrived"] == 0:
+        return "bad", f"No request arrived{limit}: nothing was measured."
+    if summary["completed"] == 0:
+        return "bad", (f"No request completed: {summary['arrived']} arrived, none finished{limit}. Throughput and "
+                       "latencies are undefined and whether the server keeps up cannot be told.")
+    if summary.get("kept_up") is False:
+        return "bad", (f"OVERLOADED: the server did not keep up with {fmt(summary.get('offered_rate'), '.2f')} req/s "
+                       f"(requests in the system grew by {fmt(summary.get('queue_growth'), '.2f')}/s in the second "
+                       "half of the arrivals). Queues grow without bound at this rate, so TTFT and queue time measure "
+                       "the run's length, not the server.")
+    load = summary.get("load", "")
+    if summary.get("kept_up") is None and load == "open loop":
+        return "unsure", ("Too short to tell whether the server keeps up at this rate: the second half of the "
+                          "arrivals lasted less than twice a typical request's latency. Send more requests.")
+    if load == "all at once":
+        return "unsure", "All requests arrived at once (--rate inf): a burst, not a steady load."
+    if summary.get("kept_up") is True:
+        return "good", f"The server kept up ({load})."
+    return "unsure", f"The run does not record whether the server kept up (load {load!r})."
+
+
+def table(header: list[str], rows: list[list[str]]) -> str:
+    """An HTML table of plain strings, every cell escaped."""
+    head = "".join(f"<th>{html.escape(cell)}</th>" for cell in header)
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(cell)}</td>" for cell in row) + "</tr>" for row in rows)
+    return f"<table><tr>{head}</tr>{body}</table>"
+
+
+def workload(settings: dict[str, Any]) -> str:
+    if settings.get("trace") is not None:
+        return f"trace {settings['trace']} at speed {settings.get('trace_speed')}"
+    if settings.get("concurrency") is not None:
+        return f"{settings['concurrency']} concurrent clients"
+    return f"open loop at {settings.get('rate')} req/s"
+
+
+def run_header(folder: Path, run: RunFolder, drawn: list[str]) -> str:
+    """The page's opening: the verdict, the settings in a line, the summary and latency tables, and notes."""
+    summary, settings = run.summary, run.settings
+    kind, sentence = verdict(summary, settings)
+    said = (f"{folder}: policy {settings.get('policy')}, {settings.get('model')} on {settings.get('gpu')} "
+            f"({settings.get('cost')} cost model), {workload(settings)}, seed {settings.get('seed')}.")
+    rows = [["completed / arrived requests", f"{summary['completed']} / {summary['arrived']}"],
+            ["duration (s)", fmt(summary.get("duration"), ".3f")],
+            ["request throughput (req/s)", fmt(summary.get("request_throughput"), ".3f")],
+            ["output token throughput (tok/s)", fmt(summary.get("output_throughput"), ".1f")],
+            ["total token throughput (tok/s)", fmt(summary.get("total_token_throughput"), ".1f")]]
+    if "request_goodput" in summary:
+        rows.append(["request goodput (req/s)", fmt(summary["request_goodput"], ".3f")])
+    rows += [["preemptions", str(summary["preemptions"])],
+             ["GPU busy (share of the run)", fmt(summary.get("utilisation"), ".1%")],
+             ["KV cache (blocks / tokens)", f"{summary['kv_blocks']} / {summary['kv_capacity_tokens']}"]]
+    percentiles = sorted({m.group(1) for key in summary if (m := STATS.fullmatch(key)) and m.group(1)[0] == "p"},
+                         key=lambda p: float(p[1:]))
+    stats = ["mean", "median", "std", *percentiles]
+    latencies = [[label] + [milliseconds(summary.get(f"{stat}_{name}")) for stat in stats] for name, label in LATENCIES]
+    notes = []
+    if summary["unfinished"]:
+        notes.append(f"{summary['unfinished']} requests were still in flight at --time-limit "
+                     f"{settings.get('time_limit')} s and are reported unfinished.")
+    if number(summary.get("cost_extrapolations", 0)):
+        notes.append(f"The {settings.get('cost')} cost model extrapolated beyond its measured range (operator: "
+                     f"steps): {summary.get('cost_extrapolated')}.")
+    no_tokens = "the run was written with --no-tokens" if run.tokens is None else "no request received a token"
+    for figure, absent in (("latency", "No latency distributions: no request completed."),
+                           ("tokens", f"No token times: {no_tokens}."),
+                           ("server", "No server panels: no forward pass ran.")):
+        if figure not in drawn:
+            notes.append(absent)
+    return (f'<p class="verdict {kind}">{html.escape(sentence)}</p>\n<p>{html.escape(said)}</p>\n'
+            + '<div style="display:flex;gap:3em;align-items:flex-start">' + table(["summary", ""], rows)
+            + table(["latency (ms)", *stats], latencies) + "</div>\n"
+            + "".join(f"<p>{html.escape(note)}</p>" for note in notes))
+
 
 def write_report(source: Path, out: Path | None = None) -> Path:
     """The report of a run folder or a sweep file; returns the page written."""
-    from simulator.figures import run_figures, sweep_figures, sweep_notes, write_page
+    from simulator.figures import sweep_figures, sweep_notes, write_page
+    from simulator.run_figures import run_figures
 
     if not source.exists():
         raise InputError(f"{str(source)!r} does not exist")
+    subject = f"--out {str(out)!r}" if out is not None else None
     if source.is_dir():
-        saved, figures = run_figures(source)
-        settings, summary = saved["settings"], saved["summary"]
-        intro = (f"<p>{html.escape(str(source))}: policy {html.escape(str(settings['policy']))}, "
-                 f"{summary['completed']} of {summary['arrived']} requests completed, "
-                 f"{summary['request_throughput']:.3f} req/s.</p>")
+        run = read_run_folder(source)
+        figures = run_figures(run.requests, run.steps, run.tokens, run.summary["kv_blocks"])
         out = out or source / "report.html"
-        write_page(out, f"servesim run {source.name}", intro, figures)
+        write_page(out, f"servesim run {source.name}", run_header(source, run, list(figures)), figures, subject)
     else:
         rows, figures = sweep_figures(source)
         out = out or source.with_suffix(".html")
-        write_page(out, f"servesim sweep {source.name}", sweep_notes(rows), figures)
+        write_page(out, f"servesim sweep {source.name}", sweep_notes(rows), figures, subject)
     return out
 
 
