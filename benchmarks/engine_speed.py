@@ -21,6 +21,7 @@ import argparse
 import json
 import os
 import resource
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -36,6 +37,7 @@ BASELINE = "11acbd2"
 """main before the one-engine redesign (its fast engine ran outside SimPy)."""
 CASES: dict[str, dict[str, object]] = {
     "a-chunked-c64": dict(policy="chunked", concurrency=64),
+    "a-copied-chunked-c64": dict(policy="copied-chunked", concurrency=64),
     "b-static-r12": dict(policy="static", rate=12.0),
     "b-continuous-r12": dict(policy="continuous", rate=12.0),
     "b-chunked-r12": dict(policy="chunked", rate=12.0),
@@ -64,6 +66,8 @@ def run_one(case: str, n: int, tokens_dir: str | None = None) -> dict[str, float
     from simulator.simulate import simulate
 
     settings = dict(CASES[case])
+    if settings["policy"] == "copied-chunked":
+        register_copy("chunked", "copied-chunked")
     workload = None
     if "trace" in settings:
         workload = tiled_trace(n)
@@ -81,6 +85,21 @@ def run_one(case: str, n: int, tokens_dir: str | None = None) -> dict[str, float
         row["tokens_s"] = time.perf_counter() - start - engine
     row["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     return row
+
+
+def register_copy(module: str, name: str) -> None:
+    """A fresh copy of a built-in policy's module, imported from its file and registered under `name`
+    (the engine must run it exactly as fast as the original)."""
+    import importlib.util
+
+    import policies
+
+    spec = importlib.util.spec_from_file_location(f"copied_{module}", ROOT / "policies" / f"{module}.py")
+    assert spec is not None and spec.loader is not None
+    copy = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = copy
+    spec.loader.exec_module(copy)
+    policies.POLICIES[name] = copy.build
 
 
 def measure(tree: Path, case: str, n: int, tokens: bool, baseline: bool) -> dict[str, Any]:
@@ -101,7 +120,8 @@ def measure(tree: Path, case: str, n: int, tokens: bool, baseline: bool) -> dict
 
 
 def baseline_tree(rev: str) -> Path:
-    path = Path(tempfile.mkdtemp(prefix="servesim-baseline-")) / "servesim"
+    # Beside this checkout, so that its benchmark finds ../shared as this one does.
+    path = Path(tempfile.mkdtemp(prefix=".servesim-baseline-", dir=ROOT.parent))
     subprocess.run(["git", "worktree", "add", "--detach", str(path), rev], cwd=ROOT, check=True,
                    capture_output=True)
     return path
@@ -129,17 +149,20 @@ def main() -> None:
                 new = measure(ROOT, case, n, args.tokens, baseline=False)
                 line = (f"{case:<18}{n:>9}{new['wall_s']:>9.2f}{new['engine_s']:>10.2f}"
                         f"{new.get('tokens_s', float('nan')):>10.2f}{new['steps']:>10}{new['peak_rss_mb']:>9.0f}")
-                if old is not None and case in old_cases(old):
-                    ref = measure(old, case, n, False, baseline=True)
+                baseline_case = case.replace("copied-", "")
+                if old is not None and f'"{baseline_case}"' in old_cases(old):
+                    ref = measure(old, baseline_case, n, False, baseline=True)
                     line += f"{ref['wall_s']:>17.2f}{ref['peak_rss_mb']:>7.0f}{new['wall_s'] / ref['wall_s']:>17.2f}"
                 print(line, flush=True)
     finally:
         if old is not None:
             subprocess.run(["git", "worktree", "remove", "--force", str(old)], cwd=ROOT, capture_output=True)
+            shutil.rmtree(old, ignore_errors=True)
 
 
 def old_cases(tree: Path) -> str:
-    """The baseline knows the cases its benchmark names (no priority policy before the redesign)."""
+    """The baseline knows the cases its benchmark names (no priority policy before the redesign);
+    the copied policy is compared with the baseline's built-in one."""
     return (tree / "benchmarks" / "engine_speed.py").read_text()
 
 

@@ -8,6 +8,7 @@ that does not fit in free KV.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from simulator.config import RunConfig
@@ -34,27 +35,16 @@ class ChunkedPrefill:
         wanted = view.num_decoding + sum(self._chunk(r, budget) for r in prefilling)
         if wanted > budget and (len(prefilling) > 1 or not view.is_youngest(prefilling[0])):
             # The budget runs out among running requests: who gets it depends on admission order.
-            return self._in_admission_order(view)
-        tokens: dict[Request, int] = {}
-        free_blocks = view.kv.num_free
-        if view.num_decoding:
-            budget -= view.num_decoding
-            free_blocks -= view.decode_blocks
-        for request in prefilling:  # at most the youngest is cut short (above)
-            if budget == 0:
-                break
-            n = self._chunk(request, budget)
-            tokens[request] = n
-            budget -= n
-            free_blocks -= view.kv.extra_blocks(request, request.computed + n)
-        self._admit(view, tokens, budget, free_blocks, view.num_running)
-        return Step(tokens, decode=view.num_decoding > 0)
+            running = view.running()
+            return self._fill(view, running, budget, view.kv.num_free, len(running), decode=False)
+        # Every decoder fits (the budget covers max_num_seqs); at most the youngest prompt is cut short.
+        return self._fill(view, prefilling, budget - view.num_decoding, view.kv.num_free - view.decode_blocks,
+                          view.num_running, decode=view.num_decoding > 0)
 
-    def _in_admission_order(self, view: View) -> Step:
+    def _fill(self, view: View, running: Sequence[Request], budget: int, free_blocks: int, num_seqs: int,
+              decode: bool) -> Step:
+        """Running requests in order take their chunks, then waiting ones what is left."""
         tokens: dict[Request, int] = {}
-        budget = self.max_num_batched_tokens
-        free_blocks = view.kv.num_free
-        running = view.running()
         for request in running:
             if budget == 0:
                 break
@@ -62,8 +52,14 @@ class ChunkedPrefill:
             tokens[request] = n
             budget -= n
             free_blocks -= view.kv.extra_blocks(request, request.computed + n)
-        self._admit(view, tokens, budget, free_blocks, len(running))
-        return Step(tokens)
+        self._admit(view, tokens, budget, free_blocks, num_seqs)
+        return Step(tokens, decode=decode)
+
+    def max_step_tokens(self, longest_prompt: int) -> int:
+        return self.max_num_batched_tokens
+
+    def check_prompts(self, prompt_tokens: Sequence[int]) -> None:
+        """Chunks fit any prompt into the budget."""
 
     def _admit(self, view: View, tokens: dict[Request, int], budget: int, free_blocks: int, num_seqs: int) -> None:
         for request in view.waiting:

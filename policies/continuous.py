@@ -7,9 +7,11 @@ step for every running request. Prefill comes first, so decoders stall while a p
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from simulator.config import RunConfig
+from simulator.errors import InputError
 from simulator.request import Request
 from simulator.step import Scheduling, Step, View
 
@@ -38,6 +40,16 @@ class ContinuousBatching:
             return Step(prefill)
         # Without chunking every running prompt was computed whole when it was admitted.
         return Step(decode=True)
+
+    def max_step_tokens(self, longest_prompt: int) -> int:
+        return self.max_num_batched_tokens
+
+    def check_prompts(self, prompt_tokens: Sequence[int]) -> None:
+        longest = max(range(len(prompt_tokens)), key=prompt_tokens.__getitem__)
+        if prompt_tokens[longest] > self.max_num_batched_tokens:
+            raise InputError(f"request {longest} has a {prompt_tokens[longest]}-token prompt, larger than "
+                             f"--max-num-batched-tokens {self.max_num_batched_tokens}: without chunking it can "
+                             "never be scheduled (use --policy chunked, or raise --max-num-batched-tokens)")
 
 
 def build(config: RunConfig) -> ContinuousBatching:

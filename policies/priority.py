@@ -1,6 +1,6 @@
 """Priority scheduling (vLLM's `--scheduling-policy priority`): chunked prefill whose waiting queue
 is ordered by (priority, arrival), lower first, and whose preemption takes the lowest-priority,
-latest-arrived running request. Priorities come from a trace's `priority` column or
+latest-arrived running request (ties by arrival order). Priorities come from a trace's `priority` column or
 `--priority-levels N` (uniform over 0..N-1)."""
 
 from __future__ import annotations

@@ -9,6 +9,7 @@ admission (the engine's `PaddedBatch`). Tokens stream as they are produced.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from simulator.config import RunConfig
@@ -44,6 +45,12 @@ class StaticBatching:
             longest_prompt, longest_output = prompt, output
         return Step(tokens={r: r.prompt_tokens for r in members},
                     batch=PaddedBatch(longest_prompt, longest_prompt + longest_output))
+
+    def max_step_tokens(self, longest_prompt: int) -> int:
+        return self.max_batch_size * longest_prompt  # a whole batch padded to the longest prompt
+
+    def check_prompts(self, prompt_tokens: Sequence[int]) -> None:
+        """A batch of one fits any prompt the KV cache holds."""
 
 
 def build(config: RunConfig) -> StaticBatching:

@@ -3,8 +3,10 @@
 fcfs (vLLM's default): waiting in arrival order, a preempted request back at the front; the victim
 of a preemption is the most recently admitted running request. priority: waiting ordered by
 (priority, arrival, id), lower first, a preempted request back in its place; the victim is the
-running request with the largest (priority, arrival), the earliest admitted among equals (vLLM's
-`max(running, key=(priority, arrival_time))`).
+running request with the largest (priority, arrival, id), the waiting queue's order reversed
+(vLLM's `max(running, key=(priority, arrival_time))`, with ties broken by arrival order: vLLM's first
+maximum, the earliest admitted, would let two requests that arrived at once preempt each other in
+turn for ever when the KV cache holds only one of them).
 """
 
 from __future__ import annotations
@@ -113,21 +115,21 @@ class PriorityVictims(AdmissionOrder):
 
     def __init__(self) -> None:
         super().__init__()
-        self._heap: list[tuple[int, float, int, Request]] = []
+        self._heap: list[tuple[int, float, int, int, Request]] = []
 
     def add(self, request: Request) -> None:
         super().add(request)
         heap = self._heap
-        heapq.heappush(heap, (-request.priority, -request.arrival, request.admitted, request))
+        heapq.heappush(heap, (-request.priority, -request.arrival, -request.id, request.admitted, request))
         if len(heap) > self._compact_at:
-            self._heap = [e for e in heap if e[2] == e[3].admitted]
+            self._heap = [e for e in heap if e[3] == e[4].admitted]
             heapq.heapify(self._heap)
 
     def victim(self) -> Request:
         heap = self._heap
-        while heap[0][2] != heap[0][3].admitted:
+        while heap[0][3] != heap[0][4].admitted:
             heapq.heappop(heap)
-        return heap[0][3]
+        return heap[0][4]
 
 
 def make_queues(scheduling: Scheduling) -> tuple[FcfsQueue | PriorityQueue, AdmissionOrder]:

@@ -72,8 +72,7 @@ def _lengths_and_arrivals(config: RunConfig) -> Workload:
 def step_activation_bytes(config: RunConfig, model: ModelSpec, longest_prompt: int) -> int:
     """Activation memory on one GPU of the largest step the policy can build: its token budget, or
     for static batching a whole batch padded to the longest prompt."""
-    tokens = (config.max_num_batched_tokens if config.policy != "static"
-              else config.max_batch_size * longest_prompt)
+    tokens = build_policy(config).max_step_tokens(longest_prompt)
     return activation_reserve_bytes(gpu_shard(config, model), tokens, config.max_num_seqs)
 
 
@@ -110,13 +109,7 @@ def check_fits(workload: Workload, config: RunConfig, model: ModelSpec, kv_block
         limit = f"--max-model-len {config.max_model_len}" if config.max_model_len else f"{model.name}"
         raise InputError(f"request {longest} is {lengths[longest]} tokens long; "
                          f"{limit} takes at most {config.max_model_len or model.max_model_len}")
-    if config.policy == "continuous":
-        budget = config.max_num_batched_tokens
-        prompt = int(np.argmax(workload.prompt_tokens))
-        if workload.prompt_tokens[prompt] > budget:
-            raise InputError(f"request {prompt} has a {workload.prompt_tokens[prompt]}-token prompt, larger than "
-                             f"--max-num-batched-tokens {budget}: without chunking it can never be scheduled "
-                             "(use --policy chunked, or raise --max-num-batched-tokens)")
+    build_policy(config).check_prompts(workload.prompt_tokens.tolist())
 
 
 Engine = Callable[[Policy, CostModel, int, int, Workload, float | None], tuple[RequestColumns, StepLog, float]]

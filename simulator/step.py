@@ -96,7 +96,16 @@ class View(Protocol):
 
 
 class Policy(Protocol):
+    """A scheduling policy; besides deciding steps it tells the run how to size and check itself."""
+
     @property
     def scheduling(self) -> Scheduling:
         """Which waiting-queue and preemption order the engine keeps for it (simulator.queues)."""
+
     def __call__(self, view: View) -> Step: ...
+
+    def max_step_tokens(self, longest_prompt: int) -> int:
+        """The most tokens one of its steps can compute (activation memory is reserved for it)."""
+
+    def check_prompts(self, prompt_tokens: Sequence[int]) -> None:
+        """Refuse (InputError) a workload whose prompts it could never schedule."""

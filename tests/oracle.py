@@ -173,7 +173,7 @@ class OracleServer:
 
     def _victim(self) -> Request:
         if self.waiting.priority:
-            return max(self.run_list, key=lambda r: (r.priority, r.arrival))
+            return max(self.run_list, key=lambda r: (r.priority, r.arrival, r.id))
         return self.run_list[-1]
 
     def _admit(self, request: Request, n: int, step: Step) -> None:
