@@ -61,6 +61,7 @@ def build_tables(result: RunResult, tokens: bool = True) -> Tables:
         "e2el": e2el,
         "queue": reqs.scheduled - arrival,
         "preemptions": reqs.preemptions,
+        "priority": reqs.priority,
         "finished": ~np.isnan(finish),
     }).with_columns(pl.col(c).fill_nan(None) for c in ("scheduled", "first_token", "finish", "ttft",
                                                         "tpot", "e2el", "queue"))
