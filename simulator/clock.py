@@ -21,9 +21,9 @@ class _At(Timeout):
         self.env = env
         self.callbacks = []
         self._value = None
-        self._delay = at - env.now
+        self._delay = at - env._now  # type: ignore[attr-defined]
         self._ok = True
-        env.schedule_at(self, priority, at)
+        heappush(env._queue, (at, priority, next(env._eid), self))  # type: ignore[attr-defined,misc]
 
 
 class Clock(simpy.Environment):
