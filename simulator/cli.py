@@ -103,8 +103,8 @@ def join_goodput_values(argv: list[str]) -> list[str]:
 
 def as_typed(message: str, args: list[str]) -> str:
     """Name each flag in `message` as the user typed it: --num-prompts where they wrote that, not --num-requests."""
-    for verb in ("run", "batch-table"):
-        for option in main.load(verb).params:
+    for command in main.commands.values():  # the verbs loaded, the one that raised among them
+        for option in command.params:
             canonical, *aliases = option.opts
             for alias in aliases:
                 if any(arg == alias or arg.startswith(f"{alias}=") for arg in args):
