@@ -12,6 +12,7 @@ import click
 import pytest
 from click_default_group import DefaultGroup
 
+from benchmarks.startup import CASES, time_once
 from simulator.cli import VERBS, main
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -68,3 +69,10 @@ def test_every_verb_is_found_where_the_registry_says() -> None:
     for name in VERBS:
         command = main.get_command(click.Context(main), name)
         assert isinstance(command, click.Command) and command.name == name
+
+
+def test_the_benchmarks_import_phase_imports_the_run_verb_and_stops_before_simulating(tmp_path: Path) -> None:
+    code, modules = modules_after(CASES["import phase of run"][2:], tmp_path)
+    assert code == 2 and {"simulator.run_command", "simulator.simulate", "simulator.metrics"} <= modules
+    for case in CASES:  # each process ends as the benchmark expects, or time_once raises
+        assert time_once(ROOT, case) > 0
