@@ -4,15 +4,26 @@ their defaults and checks are `RunConfig`'s, never copied here."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, TypeVar
 
 import click
 
-from simulator.config import RunConfig
+from simulator.config import DEFAULTS as FIELD_DEFAULTS
+from simulator.config import RunConfig, flag
 from simulator.model import KV_CACHE_DTYPES, QUANTIZATIONS
 
 F = TypeVar("F", bound=Callable[..., Any])
 DEFAULTS = RunConfig()
+RESULTS_DIR = Path("results")
+"""Where run and batch-table write when not told where."""
+
+
+def setting(name: str, *aliases: str, help: str, **kwargs: Any) -> Callable[[F], F]:
+    """The option of RunConfig field `name` (any vLLM names as aliases), its default taken from RunConfig."""
+    default = FIELD_DEFAULTS[name]
+    kwargs.setdefault("show_default", default is not None)
+    return click.option(flag(name), *aliases, name, default=default, help=help, **kwargs)
 
 
 def deployment_options(command: F) -> F:

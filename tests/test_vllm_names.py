@@ -11,9 +11,10 @@ import polars as pl
 import pytest
 
 from policies import POLICIES
-from simulator.cli import main, run, run_command
+from simulator.cli import main, run
 from simulator.hardware import available_gpus
 from simulator.model import BUILTIN_MODELS
+from simulator.run_command import run_command
 
 BASE = {"--num-requests": "30", "--input-len": "500", "--output-len": "40", "--seed": "3", "--rate": "8"}
 

@@ -1,0 +1,78 @@
+"""Start-up: a verb imports only what it needs, and the command list is the one click would print."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import click
+import pytest
+from click_default_group import DefaultGroup
+
+from benchmarks.startup import CASES, time_once
+from simulator.cli import VERBS, main
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# What a run never needs: the plotting stack, PyTorch, Ray, calibration and the other verbs.
+NOT_FOR_A_RUN = ("plotly", "torch", "ray", "calibration", "calibration.measure", "calibration.validate",
+                 "simulator.report", "simulator.figures", "simulator.run_figures", "simulator.sweep",
+                 "simulator.executors", "simulator.batch_table_command")
+
+
+def modules_after(args: list[str], cwd: Path) -> tuple[int, set[str]]:
+    """The exit status of `simulate ARGS` in a fresh interpreter, and every module it had imported by the end."""
+    script = ("import json, sys; from simulator.cli import run; codes = []; run(sys.argv[1:], exit=codes.append); "
+              "print(json.dumps([codes[0], sorted(sys.modules)]))")
+    done = subprocess.run([sys.executable, "-c", script, *args], capture_output=True, text=True, cwd=cwd, check=True,
+                          env=os.environ | {"PYTHONPATH": str(ROOT)})
+    code, modules = json.loads(done.stdout.splitlines()[-1])
+    return code, set(modules)
+
+
+@pytest.mark.parametrize("verb", [["run"], []], ids=["simulate run", "simulate (the default verb)"])
+def test_a_run_imports_no_plotting_calibration_ray_or_other_verb(verb: list[str], tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    code, modules = modules_after([*verb, "--num-requests", "5", "--rate", "4", "--out", str(out)], tmp_path)
+    assert code == 0 and (out / "summary.json").is_file()
+    assert "simulator.simulate" in modules and "simulator.run_command" in modules  # it did run
+    loaded = sorted(name for name in modules if name.split(".")[0] in ("plotly", "torch", "ray")
+                    or name in NOT_FOR_A_RUN)
+    assert loaded == []
+
+
+def test_the_command_list_imports_no_verb_and_no_numerical_library(tmp_path: Path) -> None:
+    """`simulate --help` stays fast by what it does not load (deterministic, unlike a timing)."""
+    code, modules = modules_after(["--help"], tmp_path)
+    assert code == 0
+    heavy = {"numpy", "polars", "pyarrow", "scipy", "simpy", "plotly", "tqdm", "policies", "workloads"}
+    verbs = {target.split(":")[0] for target in VERBS}
+    assert sorted(name for name in modules if name.split(".")[0] in heavy or name in verbs) == []
+
+
+@pytest.mark.parametrize("width", [80, 60, 120])
+def test_the_lazy_command_list_is_what_click_prints_with_every_verb_imported(width: int) -> None:
+    """The group's help, its short helps read from source, against click's own help of the same group
+    built the ordinary way, every command imported and registered."""
+    eager = DefaultGroup("simulate", help=main.help, default="run", default_if_no_args=True)
+    for name in VERBS:
+        eager.add_command(main.load(name), name)
+    lazy_help = main.get_help(click.Context(main, info_name="simulate", terminal_width=width))
+    assert lazy_help == eager.get_help(click.Context(eager, info_name="simulate", terminal_width=width))
+    assert "run*" in lazy_help and all(name in lazy_help for name in VERBS)
+
+
+def test_every_verb_is_found_where_the_registry_says() -> None:
+    for name in VERBS:
+        command = main.get_command(click.Context(main), name)
+        assert isinstance(command, click.Command) and command.name == name
+
+
+def test_the_benchmarks_import_phase_imports_the_run_verb_and_stops_before_simulating(tmp_path: Path) -> None:
+    code, modules = modules_after(CASES["import phase of run"][2:], tmp_path)
+    assert code == 2 and {"simulator.run_command", "simulator.simulate", "simulator.metrics"} <= modules
+    for case in CASES:  # each process ends as the benchmark expects, or time_once raises
+        assert time_once(ROOT, case) > 0
