@@ -10,7 +10,10 @@ folder's largest file) and times that.
 
 `--baseline REV` runs the same cases, in the same benchmark run, on servesim as it was at git
 revision REV (checked out into a temporary worktree; default: the last commit before the one-engine
-redesign, whose default engine was `simulator/fast.py`), and prints the ratio of wall times.
+redesign, whose default engine was `simulator/fast.py`), alternating with this checkout's runs
+(`--repeat`, 3 by default), and prints the medians and the ratio of the median wall times.
+`a-copied-chunked-c64` runs a fresh copy of `policies/chunked.py` registered under another name
+(the baseline runs its built-in chunked policy there).
 
 Run: python -m benchmarks.engine_speed [--sizes 10000,100000,1000000] [--baseline REV | --no-baseline]
 """
@@ -119,6 +122,11 @@ def measure(tree: Path, case: str, n: int, tokens: bool, baseline: bool) -> dict
     return row
 
 
+def median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The run of median whole-process wall time (its other figures with it)."""
+    return sorted(runs, key=lambda r: float(r["wall_s"]))[len(runs) // 2]
+
+
 def baseline_tree(rev: str) -> Path:
     # Beside this checkout, so that its benchmark finds ../shared as this one does.
     path = Path(tempfile.mkdtemp(prefix=".servesim-baseline-", dir=ROOT.parent))
@@ -134,6 +142,8 @@ def main() -> None:
     parser.add_argument("--baseline", default=BASELINE, help="git revision to compare against")
     parser.add_argument("--no-baseline", action="store_true", help="measure this checkout only")
     parser.add_argument("--tokens", action="store_true", help="also write the tokens table, and time it")
+    parser.add_argument("--repeat", type=int, default=3,
+                        help="runs of each case, alternating with the baseline's; medians are printed")
     parser.add_argument("--one", nargs=2, metavar=("CASE", "N"), help=argparse.SUPPRESS)
     parser.add_argument("--tokens-dir", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -142,16 +152,23 @@ def main() -> None:
         return
     old = None if args.no_baseline else baseline_tree(args.baseline)
     try:
-        print(f"{'case':<18}{'requests':>9}{'wall s':>9}{'engine s':>10}{'tokens s':>10}{'steps':>10}"
+        print(f"{'case':<20}{'requests':>9}{'wall s':>9}{'engine s':>10}{'tokens s':>10}{'steps':>10}"
               f"{'peak MB':>9}{'baseline wall s':>17}{'MB':>7}{'wall / baseline':>17}")
         for n in (int(s) for s in args.sizes.split(",")):
             for case in args.cases.split(","):
-                new = measure(ROOT, case, n, args.tokens, baseline=False)
-                line = (f"{case:<18}{n:>9}{new['wall_s']:>9.2f}{new['engine_s']:>10.2f}"
-                        f"{new.get('tokens_s', float('nan')):>10.2f}{new['steps']:>10}{new['peak_rss_mb']:>9.0f}")
                 baseline_case = case.replace("copied-", "")
-                if old is not None and f'"{baseline_case}"' in old_cases(old):
-                    ref = measure(old, baseline_case, n, False, baseline=True)
+                compare = old is not None and f'"{baseline_case}"' in old_cases(old)
+                news, refs = [], []
+                for _ in range(args.repeat):  # alternating, so both see the same machine
+                    news.append(measure(ROOT, case, n, args.tokens, baseline=False))
+                    if compare:
+                        assert old is not None
+                        refs.append(measure(old, baseline_case, n, False, baseline=True))
+                new = median_run(news)
+                line = (f"{case:<20}{n:>9}{new['wall_s']:>9.2f}{new['engine_s']:>10.2f}"
+                        f"{new.get('tokens_s', float('nan')):>10.2f}{new['steps']:>10}{new['peak_rss_mb']:>9.0f}")
+                if refs:
+                    ref = median_run(refs)
                     line += f"{ref['wall_s']:>17.2f}{ref['peak_rss_mb']:>7.0f}{new['wall_s'] / ref['wall_s']:>17.2f}"
                 print(line, flush=True)
     finally:

@@ -1,10 +1,11 @@
 """The step log: one entry per forward pass, and where every output token was emitted.
 
 Held compactly: times as float64 (the clock's exact bits), counts as int32 (4 bytes; a run of 1M
-requests has ~5M steps). Tokens are never per-token objects but flat arrays in two forms: single
-tokens as (request, step), and runs of consecutive decoder steps as (request, first, count) over
-`lazy_step`, which lists the step index of each step in which the decoders ran (a decoder emits one
-token in every one of them without being touched, see `simulator.decoders`).
+requests has ~5M steps), each step's values appended in one call to one interleaved array. Tokens
+are never per-token objects but flat arrays in two forms: single tokens as (request, step), and
+runs of consecutive decoder steps as (request, first, count) over `lazy_step`, which lists the
+step index of each step in which the decoders ran (a decoder emits one token in every one of them
+without being touched, see `simulator.decoders`).
 """
 
 from __future__ import annotations
@@ -29,16 +30,10 @@ def _ints() -> array:
 
 @dataclass
 class StepLog:
-    start: array = field(default_factory=_floats)
-    duration: array = field(default_factory=_floats)
-    num_seqs: array = field(default_factory=_ints)
-    prefill_tokens: array = field(default_factory=_ints)
-    decode_tokens: array = field(default_factory=_ints)
-    padded_tokens: array = field(default_factory=_ints)
-    kv_blocks_used: array = field(default_factory=_ints)
-    num_waiting: array = field(default_factory=_ints)
-    num_running: array = field(default_factory=_ints)
-    num_preempted: array = field(default_factory=_ints)
+    times: array = field(default_factory=_floats)
+    """start, duration of each step, interleaved (s)."""
+    counts: array = field(default_factory=_ints)
+    """The `STEP_COUNTS` of each step, interleaved."""
     token_request: array = field(default_factory=_ints)
     token_step: array = field(default_factory=_ints)
     run_request: array = field(default_factory=_ints)
@@ -47,35 +42,33 @@ class StepLog:
     lazy_step: array = field(default_factory=_ints)
 
     def __len__(self) -> int:
-        return len(self.start)
+        return len(self.times) >> 1
 
     def append(self, start: float, duration: float, num_seqs: int, prefill_tokens: int, decode_tokens: int,
                padded_tokens: int, kv_blocks_used: int, num_waiting: int, num_running: int, num_preempted: int) -> None:
         """One step: its start and duration (s), then the `STEP_COUNTS`."""
-        self.start.append(start)
-        self.duration.append(duration)
-        self.num_seqs.append(num_seqs)
-        self.prefill_tokens.append(prefill_tokens)
-        self.decode_tokens.append(decode_tokens)
-        self.padded_tokens.append(padded_tokens)
-        self.kv_blocks_used.append(kv_blocks_used)
-        self.num_waiting.append(num_waiting)
-        self.num_running.append(num_running)
-        self.num_preempted.append(num_preempted)
+        self.times.extend((start, duration))
+        self.counts.extend((num_seqs, prefill_tokens, decode_tokens, padded_tokens, kv_blocks_used, num_waiting,
+                            num_running, num_preempted))
 
     def extend(self, starts: np.ndarray, durations: np.ndarray, counts: dict[str, np.ndarray | int]) -> None:
         """Many steps at once, each count an array or one value for all (0 when not given)."""
         k = len(starts)
-        self.start.frombytes(starts.astype(np.float64).tobytes())
-        self.duration.frombytes(durations.astype(np.float64).tobytes())
-        for name in STEP_COUNTS:
-            values = np.broadcast_to(counts.get(name, 0), k).astype(np.int32)
-            getattr(self, name).frombytes(values.tobytes())
+        self.times.frombytes(np.column_stack((starts, durations)).astype(np.float64).tobytes())
+        table = np.zeros((k, len(STEP_COUNTS)), dtype=np.int32)
+        for i, name in enumerate(STEP_COUNTS):
+            if name in counts:
+                table[:, i] = counts[name]
+        self.counts.frombytes(table.tobytes())
 
     def column(self, name: str) -> np.ndarray:
         """A column as numpy: float64 times, int64 counts."""
+        if name in ("start", "duration"):
+            times = np.frombuffer(self.times, dtype=np.float64) if len(self.times) else np.zeros(0)
+            return times[name == "duration"::2].copy()
+        if name in STEP_COUNTS:
+            counts = np.frombuffer(self.counts, dtype=np.int32) if len(self.counts) else np.zeros(0, np.int32)
+            return counts[STEP_COUNTS.index(name)::len(STEP_COUNTS)].astype(np.int64)
         values: array = getattr(self, name)
-        if values.typecode == "d":
-            return np.frombuffer(values, dtype=np.float64) if len(values) else np.zeros(0, dtype=np.float64)
         ints = np.frombuffer(values, dtype=np.int32) if len(values) else np.zeros(0, dtype=np.int32)
         return ints.astype(np.int64)
