@@ -19,6 +19,7 @@ REQUESTS_SCHEMA = {
     "request_id": pl.Int64, "arrival": pl.Float64, "prompt_tokens": pl.Int64, "output_tokens": pl.Int64,
     "emitted_tokens": pl.Int64, "scheduled": pl.Float64, "first_token": pl.Float64, "finish": pl.Float64,
     "ttft": pl.Float64, "tpot": pl.Float64, "e2el": pl.Float64, "queue": pl.Float64, "preemptions": pl.Int64,
+    "priority": pl.Int64,
     "finished": pl.Boolean,
 }
 TOKENS_SCHEMA = {"request_id": pl.Int64, "index": pl.Int64, "time": pl.Float64}
