@@ -53,8 +53,26 @@ def decode_stretch(server: Server, wake_at: float | None) -> Process:
     first = server.cost.step_time(StepShape(rows, rows, context0))
     stop = min(horizon, limit)
     estimate = k_max if stop == math.inf else min(k_max, int((stop - server.clock) / first) + 1)
-    if server.clock + first >= stop or k_max == 1:
-        yield from _one_step(server, rows, first, growing, batch is not None)
+    if server.clock + first >= stop or k_max == 1:  # a stretch of one step, taken the short way
+        start = server.clock
+        end = start + first
+        if end >= limit:
+            yield env.timeout_at(end)  # the clock stops during it
+            return
+        num_live = decoders.count
+        if growing:
+            kv.num_free -= decoders.blocks_needed()
+        decoders.steps += 1
+        log = server.log
+        log.lazy_step.append(len(log))
+        finishing = decoders.pop_finished()
+        if finishing or end >= (horizon if batch is None and wake_at is None else env.peek()):
+            yield env.timeout_at(end)
+        server.clock = end
+        for step, request in finishing:
+            server.finish(request, end, step)
+        log.append(start, first, num_live, 0, num_live, rows - num_live if batch is not None else 0, kv.num_used,
+                   len(server.waiting), server.num_running, 0)
         return
     arrays = estimate >= RUN_MIN and server.cost.pure
     crossing = None
@@ -111,30 +129,6 @@ def decode_stretch(server: Server, wake_at: float | None) -> Process:
     server.clock = end
     if crossing is not None:  # priced already: the step the clock stops in
         yield env.timeout_at(crossing)
-
-
-def _one_step(server: Server, rows: int, duration: float, growing: bool, padded: bool) -> Process:
-    """A stretch of one step (the next event falls within it): the same as `decode_stretch`, leaner."""
-    decoders, kv, env = server.decoders, server.kv, server.env
-    start = server.clock
-    end = start + duration
-    if end >= server.limit:
-        yield env.timeout_at(end)  # the clock stops during it
-        return
-    live = decoders.count
-    if growing:
-        kv.num_free -= decoders.blocks_needed()
-    decoders.steps += 1
-    log = server.log
-    log.lazy_step.append(len(log))
-    finishing = decoders.pop_finished()
-    if finishing or end >= env.peek():
-        yield env.timeout_at(end)
-    server.clock = end
-    for step, request in finishing:
-        server.finish(request, end, step)
-    log.append(start, duration, live, 0, live, rows - live if padded else 0, kv.num_used, len(server.waiting),
-               server.num_running, 0)
 
 
 def _array(server: Server, rows: int, context0: int, per_step: int, k: int, growing: bool, horizon: float,
