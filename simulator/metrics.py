@@ -135,6 +135,24 @@ def load_state(result: RunResult, steps: pl.DataFrame) -> dict[str, Any]:
     return state
 
 
+def load_verdict(kept_up: object, load: object, offered_rate: str, queue_growth: str) -> tuple[str, str] | None:
+    """(kind, sentence) for what `load_state` found, as the CLI and the report both say it: overloaded,
+    too short to tell, a burst, or kept up; None when the state says none of these. The two rates
+    come formatted (the report formats numbers read from a file it does not trust)."""
+    if kept_up is False:
+        return "bad", (f"OVERLOADED: the server did not keep up with {offered_rate} req/s (requests in the system "
+                       f"grew by {queue_growth}/s in the second half of the arrivals). Queues grow without bound at "
+                       "this rate, so TTFT and queue time measure the run's length, not the server.")
+    if kept_up is None and load == "open loop":
+        return "unsure", ("Too short to tell whether the server keeps up at this rate: the second half of the "
+                          "arrivals lasted less than twice a typical request's latency. Send more requests.")
+    if load == "all at once":
+        return "unsure", "All requests arrived at once (--rate inf): a burst, not a steady load."
+    if kept_up is True:
+        return "good", f"The server kept up ({load})."
+    return None
+
+
 def summarize(result: RunResult, tables: Tables) -> dict[str, Any]:
     config = result.config
     done = tables.requests.filter(pl.col("finished"))

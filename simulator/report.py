@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from simulator.errors import InputError
+from simulator.metrics import load_verdict
 
 if TYPE_CHECKING:  # polars loads when a page is drawn, not when the command line starts
     import polars as pl
@@ -147,20 +148,10 @@ def verdict(summary: dict[str, Any], settings: dict[str, Any]) -> tuple[str, str
     if summary["completed"] == 0:
         return "bad", (f"No request completed: {summary['arrived']} arrived, none finished{limit}. Throughput and "
                        "latencies are undefined and whether the server keeps up cannot be told.")
-    if summary.get("kept_up") is False:
-        return "bad", (f"OVERLOADED: the server did not keep up with {fmt(summary.get('offered_rate'), '.2f')} req/s "
-                       f"(requests in the system grew by {fmt(summary.get('queue_growth'), '.2f')}/s in the second "
-                       "half of the arrivals). Queues grow without bound at this rate, so TTFT and queue time measure "
-                       "the run's length, not the server.")
     load = summary.get("load", "")
-    if summary.get("kept_up") is None and load == "open loop":
-        return "unsure", ("Too short to tell whether the server keeps up at this rate: the second half of the "
-                          "arrivals lasted less than twice a typical request's latency. Send more requests.")
-    if load == "all at once":
-        return "unsure", "All requests arrived at once (--rate inf): a burst, not a steady load."
-    if summary.get("kept_up") is True:
-        return "good", f"The server kept up ({load})."
-    return "unsure", f"The run does not record whether the server kept up (load {load!r})."
+    said = load_verdict(summary.get("kept_up"), load, fmt(summary.get("offered_rate"), ".2f"),
+                        fmt(summary.get("queue_growth"), ".2f"))
+    return said or ("unsure", f"The run does not record whether the server kept up (load {load!r}).")
 
 
 def table(header: list[str], rows: list[list[str]]) -> str:

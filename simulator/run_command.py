@@ -18,7 +18,7 @@ from simulator.config import DEFAULTS, GOODPUT_METRICS, RunConfig, flag, parse_g
 from simulator.cost import COST_MODELS
 from simulator.errors import InputError
 from simulator.hardware import available_gpus
-from simulator.metrics import LATENCIES
+from simulator.metrics import LATENCIES, load_verdict
 from simulator.model import BUILTIN_MODELS
 from simulator.options import RESULTS_DIR, deployment_options, setting
 from simulator.simulate import DEFAULT_NUM_REQUESTS
@@ -63,21 +63,14 @@ def format_summary(summary: dict[str, Any], config: RunConfig, metrics: tuple[st
     if summary["unfinished"]:
         lines.append(f"{summary['unfinished']} requests were still in flight at --time-limit "
                      f"{config.time_limit} s and are reported unfinished.")
-    if summary["kept_up"] is False:
-        lines.append(
-            f"OVERLOADED: the server did not keep up with {summary['offered_rate']:.2f} req/s (requests in the "
-            f"system grew by {summary['queue_growth']:.2f}/s in the second half of the arrivals). Queues grow "
-            "without bound at this rate, so TTFT and queue time measure the run's length, not the server.")
-    elif summary["load"] in ("empty", "none finished"):
+    if summary["load"] in ("empty", "none finished"):
         cut = f" (the clock stopped at --time-limit {config.time_limit} s)" if summary["unfinished"] else ""
         lines.append(f"No request finished{cut}, so there is nothing to tell whether the server keeps up.")
-    elif summary["kept_up"] is None and summary["load"] == "open loop":
-        lines.append("Too short to tell whether the server keeps up at this rate: the second half of the "
-                     "arrivals lasted less than twice a typical request's latency. Send more requests.")
-    elif summary["load"] == "all at once":
-        lines.append("All requests arrived at once (--rate inf): a burst, not a steady load.")
-    elif summary["kept_up"]:
-        lines.append(f"The server kept up ({summary['load']}).")
+    else:
+        rates = [f"{summary[key]:.2f}" if summary[key] is not None else "-" for key in ("offered_rate", "queue_growth")]
+        said = load_verdict(summary["kept_up"], summary["load"], *rates)
+        if said is not None:
+            lines.append(said[1])
     return "\n".join(lines)
 
 
