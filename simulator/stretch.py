@@ -84,9 +84,7 @@ def decode_stretch(server: Server, wake_at: float | None) -> Process:
     else:
         durations, ends, used, crossing = _scalar(server, rows, context0, per_step, k_max, growing, horizon, first)
     k = len(ends)
-    if k == 0:  # the first step ends past the time limit: the clock stops during it
-        yield env.timeout_at(server.clock + first)
-        return
+    assert k > 0, "a first step past the limit or the next event, or short of KV, is taken the short way above"
     server.submitted.clear()
     waiting0, kv_used0, running0 = len(server.waiting), kv.num_used, server.num_running
     live0 = decoders.count
