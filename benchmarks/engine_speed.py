@@ -15,7 +15,15 @@ redesign, whose default engine was `simulator/fast.py`), alternating with this c
 `a-copied-chunked-c64` runs a fresh copy of `policies/chunked.py` registered under another name
 (the baseline runs its built-in chunked policy there).
 
+`--vidur` runs the command line of the speed issue's case as a user would, one whole `simulate`
+process each (`simulate --policy chunked --rate 12 --input-len 2000 --output-len 300 --no-tokens
+--num-prompts N`, and with the tokens table on), and prints it beside Vidur's figures for the same
+workload. Those were measured elsewhere, not by this script: on the same kind of 2-core machine,
+whole process, median of 3 alternating runs, microsoft/vidur with the sarathi scheduler (8,192-token
+chunks), Llama-3-8B on H100, Poisson 12 req/s, fixed 2,000/300 tokens, metrics off (`VIDUR`).
+
 Run: python -m benchmarks.engine_speed [--sizes 10000,100000,1000000] [--baseline REV | --no-baseline]
+     python -m benchmarks.engine_speed --vidur [--sizes 10000,100000] [--repeat 3]
 """
 
 from __future__ import annotations
@@ -38,6 +46,13 @@ ROOT = Path(__file__).resolve().parents[1]
 AZURE = ROOT.parent / "shared" / "reference" / "traces" / "azure_conv_2023.csv"
 BASELINE = "11acbd2"
 """main before the one-engine redesign (its fast engine ran outside SimPy)."""
+VIDUR: dict[tuple[int, bool], tuple[float, str]] = {
+    (10_000, False): (17.0, "17.0-18.2 s, random-forest predictor (the faster end)"),
+    (100_000, False): (95.5, "95.5 s random forest, 115.5 s linear regression"),
+    (100_000, True): (205.0, "205-209 s, default metrics and chrome trace, 1.8 GB"),
+}
+"""Vidur's whole-process wall time (seconds) by (requests, outputs on), as the speed issue measured it."""
+VIDUR_CASE = ["--policy", "chunked", "--rate", "12", "--input-len", "2000", "--output-len", "300"]
 CASES: dict[str, dict[str, object]] = {
     "a-chunked-c64": dict(policy="chunked", concurrency=64),
     "a-copied-chunked-c64": dict(policy="copied-chunked", concurrency=64),
@@ -144,11 +159,16 @@ def main() -> None:
     parser.add_argument("--tokens", action="store_true", help="also write the tokens table, and time it")
     parser.add_argument("--repeat", type=int, default=3,
                         help="runs of each case, alternating with the baseline's; medians are printed")
+    parser.add_argument("--vidur", action="store_true",
+                        help="the speed issue's case as whole `simulate` processes, against Vidur's figures")
     parser.add_argument("--one", nargs=2, metavar=("CASE", "N"), help=argparse.SUPPRESS)
     parser.add_argument("--tokens-dir", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
         print(json.dumps(run_one(args.one[0], int(args.one[1]), args.tokens_dir)))
+        return
+    if args.vidur:
+        vidur_table([int(s) for s in args.sizes.split(",")], args.repeat)
         return
     old = None if args.no_baseline else baseline_tree(args.baseline)
     try:
@@ -175,6 +195,39 @@ def main() -> None:
         if old is not None:
             subprocess.run(["git", "worktree", "remove", "--force", str(old)], cwd=ROOT, capture_output=True)
             shutil.rmtree(old, ignore_errors=True)
+
+
+def cli_wall(n: int, tokens: bool) -> tuple[float, float]:
+    """Whole-process wall seconds and peak RSS (MB) of one `simulate` run of the Vidur case."""
+    with tempfile.TemporaryDirectory() as out:
+        command = [str(Path(sys.executable).parent / "simulate"), *VIDUR_CASE, "--num-prompts", str(n),
+                   "--tokens" if tokens else "--no-tokens", "--out", str(Path(out) / "run")]
+        before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+        start = time.perf_counter()
+        subprocess.run(command, cwd=ROOT, check=True, capture_output=True)
+        wall = time.perf_counter() - start
+        peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    # ru_maxrss of children is the largest child so far: exact for the first and for any new peak.
+    return wall, max(peak, before) / 1024
+
+
+def vidur_table(sizes: list[int], repeat: int) -> None:
+    """Medians of `repeat` runs; `s / 100k` shows how the wall time scales with the request count."""
+    print(f"{'requests':>9}{'tokens':>8}{'servesim wall s':>17}{'s / 100k':>10}{'peak MB':>9}{'Vidur wall s':>14}"
+          f"{'Vidur / servesim':>18}  Vidur, as measured elsewhere")
+    for n in sizes:
+        for tokens in (False, True):
+            if tokens and (n, True) not in VIDUR:
+                continue
+            runs = sorted(cli_wall(n, tokens) for _ in range(repeat))
+            wall, peak = runs[len(runs) // 2]
+            vidur = VIDUR.get((n, tokens))
+            line = f"{n:>9}{'on' if tokens else 'off':>8}{wall:>17.2f}{wall * 100_000 / n:>10.2f}{peak:>9.0f}"
+            if vidur:
+                line += f"{vidur[0]:>14.1f}{vidur[0] / wall:>18.1f}  {vidur[1]}"
+            else:
+                line += f"{'-':>14}{'-':>18}  not measured"
+            print(line, flush=True)
 
 
 def old_cases(tree: Path) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -33,3 +34,27 @@ def test_one_case_runs_the_workload_it_names(tmp_path: Path) -> None:
     assert tokens["request_id"].n_unique() == 200
     assert int(row["steps"]) >= 300 * 200 // 64
     assert float(row["simulated_s"]) > 0 and float(row["engine_s"]) > 0
+
+
+def test_the_vidur_case_is_the_speed_issues_command(tmp_path: Path) -> None:
+    """`--vidur` times the command line the Vidur figures were measured against: chunked prefill,
+    Poisson 12 req/s, exactly 2,000/300 tokens; the run it makes has those requests."""
+    from benchmarks.engine_speed import VIDUR_CASE, cli_wall
+
+    wall, peak = cli_wall(50, tokens=False)
+    assert wall > 0 and peak > 0
+    from click.testing import CliRunner
+
+    from simulator.cli import main
+
+    out = tmp_path / "run"
+    result = CliRunner().invoke(main, [*VIDUR_CASE, "--num-prompts", "50", "--no-tokens", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    requests = pl.read_parquet(out / "requests.parquet")
+    assert requests.height == 50
+    assert set(requests["prompt_tokens"]) == {2000} and set(requests["output_tokens"]) == {300}
+    arrivals = requests["arrival"].to_numpy()
+    assert 50 / 12 / 3 < arrivals[-1] < 50 / 12 * 3  # about 50 arrivals at 12/s
+    assert not (out / "tokens.parquet").exists()
+    settings = json.loads((out / "summary.json").read_text())["settings"]
+    assert (settings["policy"], settings["rate"], settings["max_num_batched_tokens"]) == ("chunked", 12.0, 8192)
