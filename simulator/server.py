@@ -278,6 +278,11 @@ class Server:
         """KV for the running rows and the decoders; preempt from the back of the running set until
         it fits (see the module docstring). Returns how many were preempted."""
         kv, decoders = self._kv, self.decoders
+        if not rows:  # a prefill step's admissions are allocated apart; only the decoders grow here
+            need = decoders.blocks_needed() if decode else 0
+            if need <= kv.num_free:
+                kv.num_free -= need
+                return 0
         needs = {r: kv.extra_blocks(r, r.computed + n) for r, n in rows}
         need = (decoders.blocks_needed() if decode else 0) + sum(needs.values())
         num_preempted = 0
