@@ -39,3 +39,28 @@ def trace_block_content(hash_ids: list[int], prompt_tokens: int) -> Content:
     last = prompt_tokens - TRACE_BLOCK_TOKENS * (len(hash_ids) - 1)
     return tuple((TRACE_BLOCK + h, TRACE_BLOCK_TOKENS if i < len(hash_ids) - 1 else last)
                  for i, h in enumerate(hash_ids))
+
+
+def leading(content: Content, tokens: int) -> Content:
+    """The first `tokens` tokens of `content`."""
+    kept: list[tuple[int, int]] = []
+    for segment, length in content:
+        if tokens <= 0:
+            break
+        kept.append((segment, min(length, tokens)))
+        tokens -= length
+    return tuple(kept)
+
+
+def session_content(sessions: list[object], prompt_tokens: list[int], output_tokens: list[int]) -> tuple[Content, ...]:
+    """Requests in arrival order, grouped by session: each prompt starts with as much of its
+    session's previous turn (that turn's prompt, then its answer) as it is long; the rest is its own."""
+    previous: dict[object, Content] = {}
+    contents = []
+    for i, (session, prompt, output) in enumerate(zip(sessions, prompt_tokens, output_tokens, strict=True)):
+        history = leading(previous.get(session, ()), prompt)
+        own = prompt - sum(length for _, length in history)
+        content = history + (((UNIQUE + i, own),) if own else ())
+        contents.append(content)
+        previous[session] = (*content, output_segment(i, output))
+    return tuple(contents)
