@@ -17,7 +17,7 @@ from workloads.lengths import parse_length_dist
 GOODPUT_METRICS = ("ttft", "tpot", "e2el")
 # Settings that shape a synthetic workload; a trace replays its own arrivals and lengths instead.
 SYNTHETIC_SETTINGS = ("rate", "burstiness", "concurrency", "duration", "input_len", "output_len", "input_len_dist",
-                      "output_len_dist", "prefix_len", "num_prefixes")
+                      "output_len_dist", "prefix_len", "num_prefixes", "num_turns", "think_time")
 # Scheduler settings and the policies that read them.
 POLICY_SETTINGS: dict[str, tuple[str, ...]] = {
     "max_num_batched_tokens": ("continuous", "chunked", "priority"),
@@ -86,6 +86,10 @@ class RunConfig:
     """Synthetic shared prefixes: each prompt is one of `num_prefixes` shared prefixes of this many
     tokens (chosen uniformly by seed), then its `input_len` own tokens; 0 = none."""
     num_prefixes: int = 1
+    num_turns: int = 1
+    """Multi-turn sessions: each session's turn k + 1 is sent `think_time` s after turn k's answer,
+    its prompt the conversation so far and a new `input_len` question; --rate counts sessions."""
+    think_time: float = 0.0
     seed: int = 0
     time_limit: float | None = None
     """Stop the simulated clock here; requests still in flight are reported unfinished."""
@@ -135,6 +139,14 @@ class RunConfig:
             raise InputError(f"--num-prefixes must be a positive integer, got {self.num_prefixes!r}")
         if self.num_prefixes != 1 and not self.prefix_len:
             raise InputError(f"--num-prefixes {self.num_prefixes} needs --prefix-len (the shared prefixes' length)")
+        if isinstance(self.num_turns, bool) or not isinstance(self.num_turns, int) or self.num_turns < 1:
+            raise InputError(f"--num-turns must be a positive integer, got {self.num_turns!r}")
+        if not (0 <= self.think_time < math.inf):
+            raise InputError(f"--think-time must be a finite number of seconds >= 0, got {self.think_time}")
+        if self.think_time and self.num_turns == 1:
+            raise InputError(f"--think-time {self.think_time:g} needs --num-turns above 1 (the time between turns)")
+        if self.num_turns > 1 and self.duration is not None:
+            raise InputError("--num-turns counts --num-requests requests; it does not take --duration")
         if self.num_requests is not None and self.num_requests < 1:
             raise InputError(f"--num-requests must be positive, got {self.num_requests}")
         if self.time_limit is not None and not self.time_limit > 0:

@@ -107,6 +107,9 @@ def format_summary(summary: dict[str, Any], config: RunConfig, metrics: tuple[st
 @setting("prefix_len", type=int, help="Each prompt starts with one of --num-prefixes shared prefixes of this many "
          "tokens, then its --input-len own tokens (0: none).")
 @setting("num_prefixes", type=int, help="How many shared prefixes --prefix-len draws from, uniformly by seed.")
+@setting("num_turns", type=int, help="Multi-turn sessions of this many requests: each turn's prompt is the "
+         "conversation so far and a new --input-len question (--rate then counts sessions).")
+@setting("think_time", type=float, help="Seconds between a turn's answer and the session's next turn.")
 @setting("seed", type=int, help="Seed of arrivals and lengths; a seed always gives the same run.")
 @setting("priority_levels", type=int, help="priority: requests get priorities uniform over 0..N-1, lower first "
                                            "(a trace's own `priority` column otherwise) [default: all 0].")

@@ -19,10 +19,12 @@ from simulator.model import ModelSpec, load_model
 from simulator.progress import RunProgress
 from simulator.request import Request, RequestColumns
 from simulator.server import Process, Server
+from simulator.sessions import SessionClients
 from simulator.step import Policy
 from simulator.steplog import StepLog
 from workloads import Workload, read_trace, synthetic_workload
 from workloads.prefixes import output_segment, shared_prefix_content
+from workloads.sessions import conversations
 
 DEFAULT_NUM_REQUESTS = 1000  # as `vllm bench serve --num-prompts`
 
@@ -56,6 +58,8 @@ def build_workload(config: RunConfig) -> Workload:
         rng = np.random.default_rng(config.seed).spawn(5)[4]
         prompts, content = shared_prefix_content(workload.prompt_tokens, config.prefix_len, config.num_prefixes, rng)
         workload = replace(workload, prompt_tokens=prompts, content=content)
+    if config.num_turns > 1:
+        workload = conversations(workload, config.num_turns, config.think_time)
     return workload
 
 
@@ -166,15 +170,25 @@ def run_engine(policy: Policy, cost: CostModel, kv_blocks: int, block_size: int,
     contents = workload.content
     kv = KVBlocks(kv_blocks, block_size, prefix_caching)
 
-    def make_request(arrival: float) -> Request:
-        i = len(requests)
-        request = Request(i, arrival, prompts[i], outputs[i], priorities[i])
+    def make_request(arrival: float, i: int | None = None) -> Request:
+        """The workload's request `i` (the next one by default) arrives."""
+        i = len(requests) if i is None else i
+        request = Request(len(requests), arrival, prompts[i], outputs[i], priorities[i])
         if contents is not None:
             request.content = (*contents[i], output_segment(i, outputs[i]))
         requests.append(request)
         return request
 
-    if workload.arrival is None:
+    if workload.turns > 1:
+        def send(i: int, at: float) -> Request:
+            request = make_request(at, i)
+            server.submit(request, at)
+            return request
+
+        clients = SessionClients(env, workload, send, env.arrival_timeout)
+        server = Server(env, policy, cost, kv, log, time_limit, on_finish=clients.on_finish, on_step=on_step)
+        clients.start()
+    elif workload.arrival is None:
         def next_client(_finished: Request, at: float) -> None:
             if len(requests) < workload.num_requests:
                 server.submit(make_request(at), at)

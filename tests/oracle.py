@@ -26,6 +26,7 @@ from simulator.cost import CostModel, StepShape
 from simulator.kv import KVBlocks
 from simulator.request import Request, RequestColumns
 from simulator.server import PolicyError, PolicyStalledError
+from simulator.sessions import SessionClients
 from simulator.step import Policy, Step
 from simulator.steplog import StepLog
 from workloads import Workload
@@ -255,15 +256,25 @@ def run_oracle(policy: Policy, cost: CostModel, kv_blocks: int, block_size: int,
     requests: list[Request] = []
     priorities = workload.priority.tolist() if workload.priority is not None else [0] * workload.num_requests
 
-    def make_request(arrival: float) -> Request:
-        i = len(requests)
-        requests.append(Request(i, arrival, int(workload.prompt_tokens[i]), int(workload.output_tokens[i]),
-                                priorities[i]))
+    def make_request(arrival: float, i: int | None = None) -> Request:
+        i = len(requests) if i is None else i
+        requests.append(Request(len(requests), arrival, int(workload.prompt_tokens[i]),
+                                int(workload.output_tokens[i]), priorities[i]))
         if workload.content is not None:
             requests[-1].content = (*workload.content[i], output_segment(i, int(workload.output_tokens[i])))
         return requests[-1]
 
-    if workload.arrival is None:
+    if workload.turns > 1:
+        def send(i: int, at: float) -> Request:
+            request = make_request(at, i)
+            server.submit(request)
+            return request
+
+        clients = SessionClients(env, workload, send, lambda delay: ArrivalTimeout(env, delay))
+        server = OracleServer(env, policy, cost, KVBlocks(kv_blocks, block_size, prefix_caching),
+                              on_finish=clients.on_finish)
+        clients.start()
+    elif workload.arrival is None:
         def next_client(_finished: Request, at: float) -> None:
             if len(requests) < workload.num_requests:
                 server.submit(make_request(at))

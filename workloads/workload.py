@@ -40,6 +40,10 @@ class Workload:
     content: tuple[tuple[tuple[int, int], ...], ...] | None = None
     """Per request, its prompt's prefix identity as (segment id, tokens) pieces summing to its
     prompt length (`workloads.prefixes`); None = no identity (nothing is shared)."""
+    turns: int = 1
+    """Requests per multi-turn session (`workloads.sessions`); 1 = independent requests."""
+    think_time: float = 0.0
+    """Seconds between a turn's last token and the session's next turn."""
 
     def __post_init__(self) -> None:
         prompt = _check_column("prompt_tokens", self.prompt_tokens, np.int64)
@@ -59,6 +63,10 @@ class Workload:
             raise InputError(f"workload has {n} requests but {len(self.priority)} priorities")
         if self.content is not None:
             _check_content(self.content, prompt)
+        if isinstance(self.turns, bool) or not isinstance(self.turns, int) or self.turns < 1:
+            raise InputError(f"workload turns must be a positive integer, got {self.turns!r}")
+        if not (0 <= self.think_time < float("inf")):
+            raise InputError(f"workload think time must be finite seconds >= 0, got {self.think_time!r}")
         if (self.arrival is None) == (self.concurrency is None):
             raise InputError(
                 "workload needs exactly one of arrival times (open loop) "
