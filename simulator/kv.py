@@ -8,10 +8,12 @@ With it (vLLM V1's automatic prefix caching, `KVBlocks(caching=True)`):
 - Identity. A request's `content` is a sequence of segments (segment id, tokens): a shared prefix,
   a unique question, a Mooncake 512-token block, a previous answer; tokens of equal segments at equal
   offsets are equal tokens. Block i of a request covers tokens [i * block_size, (i + 1) * block_size)
-  and its key is a chained hash, `hash((key of block i - 1, the pieces of segments it covers))`, so
-  equal keys mean equal prefixes. Python's hash of a tuple of ints does not depend on
-  PYTHONHASHSEED, so keys (and runs) are the same in every process; a 64-bit collision would count
-  as a hit, as vLLM accepts with its own hash. Only full blocks have keys.
+  and its key is a chained hash, a function of its parent's key and its own tokens, so equal keys
+  mean equal prefixes: `block_keys` chains by segment (one hash per segment for what came before,
+  one per block for the offset of its last token in its segment), which is that identity computed
+  a segment at a time. Python's hash of a tuple of ints does not depend on PYTHONHASHSEED, so keys
+  (and runs) are the same in every process; a 64-bit collision would count as a hit, as vLLM
+  accepts with its own hash. Only full blocks have keys.
 - Caching. A block is registered under its key when a request computes it outside a decode step
   (prefill, or recomputation after preemption: at scheduling, as vLLM does), and every full block a
   request computed is registered when it releases its KV (finish or preemption), so answers and
@@ -21,7 +23,9 @@ With it (vLLM V1's automatic prefix caching, `KVBlocks(caching=True)`):
   queue, vLLM's free-block queue: a released request appends its blocks in reverse (its last block
   first, so a request's tail is evicted before its prefix); taking a block pops the queue's head,
   and a cached block popped is evicted (its key forgotten). Uncached free blocks are kept as runs of
-  consecutive queue positions, so the queue costs O(1) per run, not per block. A hit on a cached
+  consecutive queue positions, so the queue costs O(1) per run, not per block; a request's blocks
+  are registered, held, freed and evicted with C-level bulk operations (itertools over dicts), the
+  block-by-block rules of tests/kv_reference.py, which the tests hold this to. A hit on a cached
   block nobody holds takes it out of the queue.
 - Hits. A waiting request's hit is its longest prefix of cached blocks, at most
   `(prompt + emitted - 1) // block_size` blocks so that the last token is recomputed (vLLM). It is
@@ -36,10 +40,13 @@ With it (vLLM V1's automatic prefix caching, `KVBlocks(caching=True)`):
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections import OrderedDict, deque
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from itertools import compress, islice, repeat, takewhile
+from operator import add, eq, not_, sub
+from typing import Any, cast
 
 from simulator.errors import InputError
 from simulator.model import ModelSpec
@@ -117,6 +124,7 @@ class KVBlocks:
         self._uncached: deque[list[int]] = deque([[0, self.num_blocks]])
         """Free uncached blocks as runs [first queue position, count], in queue order."""
         self._next_position = self.num_blocks
+        self._segment_keys: dict[tuple[int, int, int, int], tuple[list[int], int]] = {}
 
     @property
     def num_used(self) -> int:
@@ -151,10 +159,14 @@ class KVBlocks:
                 n -= count
                 if not run[1]:
                     uncached.popleft()
-            else:
-                key, _ = evictable.popitem(last=False)
-                del self._refs[key]
-                n -= 1
+                continue
+            count = n
+            if uncached:  # evict up to the next uncached run in the queue
+                count = bisect_left(list(islice(evictable.values(), n)), uncached[0][0])
+            evicted = list(islice(evictable, count))
+            deque(map(evictable.pop, evicted), 0)
+            deque(map(self._refs.__delitem__, evicted), 0)
+            n -= count
 
     def grow(self, request: Request, tokens: int) -> None:
         extra = self.extra_blocks(request, tokens)
@@ -173,18 +185,28 @@ class KVBlocks:
         held = request.held_keys or []
         self._free_uncached(request.blocks - len(held))
         refs = self._refs
-        for key in reversed(held):
-            if key is None:
-                self._free_uncached(1)
-                continue
-            refs[key] -= 1
-            if not refs[key]:
-                self._evictable[key] = self._next_position
-                self._next_position += 1
-                self.num_free += 1
+        if None in held:  # uncached copies among them take their own places in the queue
+            for key in reversed(held):
+                if key is None:
+                    self._free_uncached(1)
+                else:
+                    self._free_cached([key], [refs[key]])
+        elif held:
+            keys = cast(list[int], held)
+            self._free_cached(keys, list(map(refs.__getitem__, keys)))
         held.clear()
         request.blocks = 0
         assert self.num_free <= self.num_blocks
+
+    def _free_cached(self, keys: list[int], counts: list[int]) -> None:
+        """Drop one reference to each of `keys` (cached, in block order); those left with none join
+        the queue, last block first."""
+        self._refs.update(zip(keys, map(sub, counts, repeat(1)), strict=True))
+        freed = list(compress(reversed(keys), map(eq, reversed(counts), repeat(1))))
+        position = self._next_position
+        self._evictable.update(zip(freed, range(position, position + len(freed)), strict=True))
+        self._next_position += len(freed)
+        self.num_free += len(freed)
 
     def _free_uncached(self, count: int) -> None:
         if not count:
@@ -203,9 +225,13 @@ class KVBlocks:
             return
         keys = self._keys(request)
         held = _held(request)
+        new = keys[len(held):tokens // self.block_size]
         refs = self._refs
-        for i in range(len(held), min(tokens // self.block_size, len(keys))):
-            key = keys[i]
+        if refs.keys().isdisjoint(new):
+            refs.update(zip(new, repeat(1), strict=False))
+            held.extend(new)
+            return
+        for key in new:
             if key in refs:
                 held.append(None)  # an equal block is cached already: this copy stays uncached
             else:
@@ -217,38 +243,28 @@ class KVBlocks:
         if request.content is None:
             return
         keys = self._keys(request)
-        limit = min(len(keys), (request.prompt_tokens + request.emitted - 1) // self.block_size)
         refs = self._refs
-        hits = in_use = 0
-        while hits < limit:
-            ref = refs.get(keys[hits])
-            if ref is None:
-                break
-            in_use += ref > 0
-            hits += 1
-        request.computed = hits * self.block_size
-        request.hit_blocks = hits
-        request.hit_in_use = in_use
+        limit = (request.prompt_tokens + request.emitted - 1) // self.block_size
+        hits = list(takewhile(refs.__contains__, islice(keys, limit)))
+        request.computed = len(hits) * self.block_size
+        request.hit_blocks = len(hits)
+        request.hit_in_use = len(hits) - list(map(refs.__getitem__, hits)).count(0)
 
     def take_hit(self, request: Request) -> None:
         """At admission: hold the hit blocks `look_up` found that are still cached, and count the
         query."""
         if request.content is None:
             return
-        keys = self._keys(request)
-        held = _held(request)
         refs = self._refs
-        for key in keys[:request.hit_blocks]:
-            ref = refs.get(key)
-            if ref is None:
-                break
-            if not ref:
-                del self._evictable[key]
-                self.num_free -= 1
-            refs[key] = ref + 1
-            held.append(key)
-        request.blocks = len(held)
-        request.computed = len(held) * self.block_size
+        hits = list(takewhile(refs.__contains__, islice(self._keys(request), request.hit_blocks)))
+        counts = list(map(refs.__getitem__, hits))
+        unheld = list(compress(hits, map(not_, counts)))
+        deque(map(self._evictable.pop, unheld), 0)
+        self.num_free -= len(unheld)
+        refs.update(zip(hits, map(add, counts, repeat(1)), strict=True))
+        _held(request).extend(hits)
+        request.blocks = len(hits)
+        request.computed = len(hits) * self.block_size
         request.hit_blocks = request.hit_in_use = 0
         self.queried_tokens += request.prompt_tokens + request.emitted
         self.hit_tokens += request.computed
@@ -258,7 +274,7 @@ class KVBlocks:
     def _keys(self, request: Request) -> list[int]:
         if request.block_keys is None:
             assert request.content is not None
-            request.block_keys = block_keys(request.content, self.block_size)
+            request.block_keys = block_keys(request.content, self.block_size, self._segment_keys)
         return request.block_keys
 
 
@@ -291,22 +307,30 @@ def _held(request: Request) -> list[int | None]:
     return request.held_keys
 
 
-def block_keys(content: tuple[tuple[int, int], ...], block_size: int) -> list[int]:
-    """The chained keys of the full blocks of `content` (segments as (segment id, tokens))."""
+SEGMENT_KEYS_KEPT = 1 << 16
+"""Segments whose block keys `block_keys` remembers (then it starts afresh)."""
+
+
+def block_keys(content: tuple[tuple[int, int], ...], block_size: int,
+               memo: dict[tuple[int, int, int, int], tuple[list[int], int]]) -> list[int]:
+    """The keys of the full blocks of `content` (segments as (segment id, tokens)).
+
+    Chained by segment: `chain` stands for everything before a segment (0 at the start, then
+    hash((chain, segment, tokens)) after each); a block ending `offset` tokens into a segment has
+    key hash((chain, segment, offset)), which is thus a function of the whole prefix up to its last
+    token. A segment's keys are computed once per chain and block size (`memo`), so a prefix many
+    prompts share costs one pass."""
     keys: list[int] = []
-    parent = 0
-    pieces: list[int] = []
-    filled = 0
+    chain = position = 0
     for segment, length in content:
-        offset = 0
-        while offset < length:
-            count = min(length - offset, block_size - filled)
-            pieces += (segment, offset, count)
-            offset += count
-            filled += count
-            if filled == block_size:
-                parent = hash((parent, *pieces))
-                keys.append(parent)
-                pieces.clear()
-                filled = 0
+        known = memo.get((chain, segment, length, block_size))
+        if known is None:
+            ends = range(block_size - position % block_size, length + 1, block_size)
+            known = (list(map(hash, zip(repeat(chain), repeat(segment), ends))), hash((chain, segment, length)))
+            if len(memo) >= SEGMENT_KEYS_KEPT:
+                memo.clear()
+            memo[(chain, segment, length, block_size)] = known
+        keys += known[0]
+        chain = known[1]
+        position += length
     return keys

@@ -12,10 +12,12 @@ import polars as pl
 import pytest
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
+from kv_reference import ReferenceKVBlocks
 from test_cli import simulate_cli
 from test_engines import ENGINE_EXAMPLES, assert_identical
 from test_properties import SETTINGS, cases
 
+from simulator import simulate as simulate_module
 from simulator.config import RunConfig
 from simulator.cost import StepShape, build_cost_model
 from simulator.errors import InputError
@@ -27,6 +29,7 @@ from simulator.request import Request
 from simulator.simulate import simulate
 from workloads import Workload
 from workloads.prefixes import SHARED_PREFIX, UNIQUE
+from workloads.sessions import conversations
 
 
 def test_fifty_requests_sharing_a_prefix(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -93,9 +96,9 @@ def test_lru_worst_case(room: int) -> None:
 def test_block_keys_are_chained() -> None:
     """Equal content at equal positions gives equal keys, and a difference anywhere changes every
     later key; a partial block has none."""
-    a = block_keys(((7, 40), (8, 30)), 16)
-    b = block_keys(((7, 40), (9, 30)), 16)
-    c = block_keys(((6, 8), (7, 32), (8, 30)), 16)
+    a = block_keys(((7, 40), (8, 30)), 16, {})
+    b = block_keys(((7, 40), (9, 30)), 16, {})
+    c = block_keys(((6, 8), (7, 32), (8, 30)), 16, {})
     assert len(a) == 4 and a[:2] == b[:2] and a[2] != b[2] and a[3] != b[3]
     assert not set(a) & set(c)
 
@@ -168,3 +171,63 @@ def test_caching_off_is_the_run_without_identity(policy: str) -> None:
         assert getattr(off, name).equals(getattr(plain, name)), name
     on = build_tables(simulate(replace(config, enable_prefix_caching=True)))
     assert on.steps.equals(plain.steps) is (policy == "static")
+
+
+@pytest.mark.parametrize("policy", ["chunked", "priority"])
+@settings(SETTINGS, max_examples=ENGINE_EXAMPLES)
+@given(data=st.data(), turns=st.integers(1, 2))
+def test_bulk_cache_is_the_block_by_block_one(policy: str, data: st.DataObject, turns: int) -> None:
+    """simulator.kv's KVBlocks (runs of blocks at once) against tests/kv_reference.py (one block at
+    a time, the rules as the module docstring says them): the same run, table for table."""
+    case = data.draw(cases(policy))
+    workload = replace(case.workload, content=data.draw(shared_prefixes(case.workload.prompt_tokens.tolist())))
+    if turns > 1:
+        if workload.arrival is not None:
+            workload = replace(workload, arrival=np.sort(workload.arrival))
+        workload = conversations(workload, turns, 0.0)
+    outcomes = []
+    for blocks in (KVBlocks, ReferenceKVBlocks):
+        try:
+            with pytest.MonkeyPatch.context() as patch:
+                patch.setattr(simulate_module, "KVBlocks", blocks)
+                result = simulate(case.config, workload)
+        except InputError as error:
+            outcomes.append(str(error))
+            continue
+        tables = build_tables(result)
+        outcomes.append((tables.requests, tables.steps, tables.tokens))
+        event("hits" if result.requests.cached_tokens.any() else "no hits")
+    if isinstance(outcomes[0], str):
+        assert outcomes[1] == outcomes[0]
+        return
+    for mine, theirs in zip(outcomes[0], outcomes[1], strict=True):
+        assert mine.equals(theirs)
+
+
+def test_report_draws_the_hit_rate_over_time(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The run page has a hit-rate panel for a run that queried the cache: the line ends at the
+    summary's hit rate, the windows' bars hold each span's own hits over queries; a run with the
+    cache off has neither the panel nor the summary row."""
+    from simulator.report import read_run_folder, write_report
+    from simulator.run_figures import HIT_RATE_WINDOWS, prefix_cache_figure
+
+    pages = {}
+    for flag in ("--enable-prefix-caching", "--no-enable-prefix-caching"):
+        out = tmp_path / flag
+        code, _, _ = simulate_cli(["--policy", "chunked", "--rate", "4", "--num-requests", "120", "--input-len", "256",
+                                   "--output-len", "32", "--prefix-len", "512", "--num-prefixes", "3", flag,
+                                   "--out", str(out), "--no-tokens", "--quiet"], capsys)
+        assert code == 0
+        pages[flag] = write_report(out, tmp_path / f"{flag}.html").read_text()
+    assert 'id="prefix_cache"' in pages["--enable-prefix-caching"] and "prefix cache hit rate" in pages[
+        "--enable-prefix-caching"]
+    assert 'id="prefix_cache"' not in pages["--no-enable-prefix-caching"]
+    assert "prefix cache hit rate" not in pages["--no-enable-prefix-caching"]
+    run = read_run_folder(tmp_path / "--enable-prefix-caching")
+    so_far, windows = prefix_cache_figure(run.steps).data
+    assert so_far.y[-1] == pytest.approx(run.summary["prefix_cache_hit_rate"] * 100)
+    queried = run.steps.filter(pl.col("prefix_cache_queried_tokens") > 0)
+    first = queried.filter(pl.col("start") < queried["start"][0] + (queried["start"][-1] - queried["start"][0])
+                           / HIT_RATE_WINDOWS)
+    assert windows.y[0] == pytest.approx(first["prefix_cache_hit_tokens"].sum()
+                                         / first["prefix_cache_queried_tokens"].sum() * 100)
