@@ -4,48 +4,12 @@ Keys come from `simulator.kv.block_keys`, so both hash the same blocks alike."""
 
 from __future__ import annotations
 
-from collections import OrderedDict, deque
-from dataclasses import dataclass
-
-from simulator.kv import block_keys
+from simulator.kv import KVBlocks
 from simulator.request import Request
 
 
-@dataclass
-class ReferenceKVBlocks:
-    """`simulator.kv.KVBlocks`, one block at a time."""
-
-    num_blocks: int
-    block_size: int
-    caching: bool = False
-
-    def __post_init__(self) -> None:
-        self.num_free = self.num_blocks
-        self.queried_tokens = 0
-        self.hit_tokens = 0
-        self._refs: dict[int, int] = {}
-        """Cached block key -> requests holding it (0: free, in the queue)."""
-        self._evictable: OrderedDict[int, int] = OrderedDict()
-        """Free cached blocks in queue order: key -> queue position."""
-        self._uncached: deque[list[int]] = deque([[0, self.num_blocks]])
-        """Free uncached blocks as runs [first queue position, count], in queue order."""
-        self._next_position = self.num_blocks
-
-    @property
-    def num_used(self) -> int:
-        return self.num_blocks - self.num_free
-
-    @property
-    def num_cached(self) -> int:
-        return len(self._refs)
-
-    def blocks_for(self, tokens: int) -> int:
-        return -(-tokens // self.block_size)
-
-    def extra_blocks(self, request: Request, tokens: int) -> int:
-        """Blocks a request must still get to hold `tokens` tokens (a waiting request's hit blocks
-        that others hold cost none)."""
-        return max(0, -(-tokens // self.block_size) - request.blocks - request.hit_in_use)
+class ReferenceKVBlocks(KVBlocks):
+    """`simulator.kv.KVBlocks` with its cache bookkeeping one block at a time."""
 
     def take(self, n: int) -> None:
         """`n` blocks out of the free pool, from the head of the queue (evicting cached ones)."""
@@ -68,12 +32,6 @@ class ReferenceKVBlocks:
                 key, _ = evictable.popitem(last=False)
                 del self._refs[key]
                 n -= 1
-
-    def grow(self, request: Request, tokens: int) -> None:
-        extra = self.extra_blocks(request, tokens)
-        assert extra <= self.num_free, f"request {request.id} needs {extra} blocks, {self.num_free} free"
-        self.take(extra)
-        request.blocks += extra
 
     def release(self, request: Request) -> None:
         """Give back the request's blocks; with caching, its full computed blocks stay cached."""
@@ -98,17 +56,6 @@ class ReferenceKVBlocks:
         held.clear()
         request.blocks = 0
         assert self.num_free <= self.num_blocks
-
-    def _free_uncached(self, count: int) -> None:
-        if not count:
-            return
-        uncached = self._uncached
-        if uncached and uncached[-1][0] + uncached[-1][1] == self._next_position:
-            uncached[-1][1] += count
-        else:
-            uncached.append([self._next_position, count])
-        self._next_position += count
-        self.num_free += count
 
     def register(self, request: Request, tokens: int) -> None:
         """Cache the request's full blocks among its first `tokens` tokens that are not yet."""
@@ -167,13 +114,6 @@ class ReferenceKVBlocks:
         self.hit_tokens += request.computed
         if request.scheduled != request.scheduled:  # NaN: its first admission
             request.cached_tokens = request.computed
-
-    def _keys(self, request: Request) -> list[int]:
-        if request.block_keys is None:
-            assert request.content is not None
-            request.block_keys = block_keys(request.content, self.block_size, {})
-        return request.block_keys
-
 
 
 def _held(request: Request) -> list[int | None]:
