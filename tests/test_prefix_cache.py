@@ -18,6 +18,7 @@ from test_engines import ENGINE_EXAMPLES, assert_identical
 from test_properties import SETTINGS, cases
 
 from simulator import simulate as simulate_module
+from simulator import stretch
 from simulator.config import RunConfig
 from simulator.cost import StepShape, build_cost_model
 from simulator.errors import InputError
@@ -143,10 +144,21 @@ def shared_prefixes(draw: st.DrawFn, prompts: list[int]) -> tuple[tuple[tuple[in
     return tuple(content)
 
 
+@pytest.mark.parametrize("run_min", [1, stretch.RUN_MIN], ids=["every-stretch-as-arrays", "default-stretches"])
 @pytest.mark.parametrize("policy", ["continuous", "chunked", "priority"])
-@settings(SETTINGS, max_examples=ENGINE_EXAMPLES)
+@settings(SETTINGS, max_examples=ENGINE_EXAMPLES // 2)
 @given(data=st.data())
-def test_engine_matches_oracle_with_caching(policy: str, data: st.DataObject) -> None:
+def test_engine_matches_oracle_with_caching(policy: str, run_min: int, data: st.DataObject) -> None:
+    """As test_engines' random cases, with prompts sharing prefixes and the cache on; `run_min` 1
+    prices every decode stretch as arrays (its blocks taken, and cached ones evicted, at once)."""
+    default, stretch.RUN_MIN = stretch.RUN_MIN, run_min
+    try:
+        check_caching_case(policy, data)
+    finally:
+        stretch.RUN_MIN = default
+
+
+def check_caching_case(policy: str, data: st.DataObject) -> None:
     case = data.draw(cases(policy))
     workload = replace(case.workload, content=data.draw(shared_prefixes(case.workload.prompt_tokens.tolist())))
     if policy == "priority":
