@@ -15,6 +15,9 @@ explicit rows and admissions and says whether the decoders run (`simulator.step`
    finishing leave; explicit requests that now decode join the aggregate;
 5. logs the step.
 
+With prefix caching (`simulator.kv`) an admission first takes the cached prefix of its prompt, and
+once the step's blocks are allocated its prefill rows register their full blocks in the cache.
+
 A decode-only step (only the decoders, nothing admitted or preempted) is priced for the k steps it
 repeats until the next event: a finish (the decoders' heap), a KV shortfall (blocks needed per step
 by residue), the time limit, or the next event on the clock (`env.peek()`, an arrival); the k steps

@@ -33,3 +33,18 @@ def test_one_case_runs_the_workload_it_names(tmp_path: Path) -> None:
     assert tokens["request_id"].n_unique() == 200
     assert int(row["steps"]) >= 300 * 200 // 64
     assert float(row["simulated_s"]) > 0 and float(row["engine_s"]) > 0
+
+
+def test_prefix_cache_benchmark_runs_the_workload_it_names() -> None:
+    """Its shared-prefix case: 2,000-token prompts, 1,000 of them one of 8 shared prefixes, which
+    later requests find cached; its plain case (a) has nothing to find."""
+    from benchmarks.prefix_cache import CASE_A, SHARED
+    from simulator.config import RunConfig
+    from simulator.metrics import build_tables, summarize
+    from simulator.simulate import simulate
+
+    shared = simulate(RunConfig(num_requests=200, **CASE_A | SHARED))  # type: ignore[arg-type]
+    assert (shared.requests.prompt_tokens == 2000).all()
+    assert summarize(shared, build_tables(shared, tokens=False))["prefix_cache_hit_rate"] > 0.4
+    plain = simulate(RunConfig(num_requests=200, **CASE_A))  # type: ignore[arg-type]
+    assert summarize(plain, build_tables(plain, tokens=False))["prefix_cache_queried_tokens"] == 0
