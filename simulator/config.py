@@ -17,7 +17,7 @@ from workloads.lengths import parse_length_dist
 GOODPUT_METRICS = ("ttft", "tpot", "e2el")
 # Settings that shape a synthetic workload; a trace replays its own arrivals and lengths instead.
 SYNTHETIC_SETTINGS = ("rate", "burstiness", "concurrency", "duration", "input_len", "output_len", "input_len_dist",
-                      "output_len_dist")
+                      "output_len_dist", "prefix_len", "num_prefixes", "num_turns", "think_time")
 # Scheduler settings and the policies that read them.
 POLICY_SETTINGS: dict[str, tuple[str, ...]] = {
     "max_num_batched_tokens": ("continuous", "chunked", "priority"),
@@ -65,6 +65,8 @@ class RunConfig:
     gpu_memory_utilization: float = 0.9
     num_gpu_blocks_override: int | None = None
     """Use exactly this many KV blocks instead of sizing them from GPU memory (as vLLM's flag)."""
+    enable_prefix_caching: bool = True
+    """vLLM V1's automatic prefix caching (its default: on); it acts on workloads with prefix identity."""
     # Workload: open loop at `rate` (requests/s; inf = all at once) or closed loop of `concurrency`
     # clients; `num_requests` or `duration` bounds it; or a trace file replayed as it is.
     rate: float | None = None
@@ -80,6 +82,14 @@ class RunConfig:
     trace_speed: float = 1.0
     priority_levels: int | None = None
     """Synthetic priorities, uniform over 0..N-1 (lower runs first under the priority policy)."""
+    prefix_len: int = 0
+    """Synthetic shared prefixes: each prompt is one of `num_prefixes` shared prefixes of this many
+    tokens (chosen uniformly by seed), then its `input_len` own tokens; 0 = none."""
+    num_prefixes: int = 1
+    num_turns: int = 1
+    """Multi-turn sessions: each session's turn k + 1 is sent `think_time` s after turn k's answer,
+    its prompt the conversation so far and a new `input_len` question; --rate counts sessions."""
+    think_time: float = 0.0
     seed: int = 0
     time_limit: float | None = None
     """Stop the simulated clock here; requests still in flight are reported unfinished."""
@@ -123,6 +133,20 @@ class RunConfig:
             raise InputError(f"--concurrency must be a positive number of clients, got {self.concurrency}")
         if self.priority_levels is not None and self.priority_levels < 1:
             raise InputError(f"--priority-levels must be a positive integer, got {self.priority_levels}")
+        if isinstance(self.prefix_len, bool) or not isinstance(self.prefix_len, int) or self.prefix_len < 0:
+            raise InputError(f"--prefix-len must be an integer >= 0 tokens, got {self.prefix_len!r}")
+        if isinstance(self.num_prefixes, bool) or not isinstance(self.num_prefixes, int) or self.num_prefixes < 1:
+            raise InputError(f"--num-prefixes must be a positive integer, got {self.num_prefixes!r}")
+        if self.num_prefixes != 1 and not self.prefix_len:
+            raise InputError(f"--num-prefixes {self.num_prefixes} needs --prefix-len (the shared prefixes' length)")
+        if isinstance(self.num_turns, bool) or not isinstance(self.num_turns, int) or self.num_turns < 1:
+            raise InputError(f"--num-turns must be a positive integer, got {self.num_turns!r}")
+        if not (0 <= self.think_time < math.inf):
+            raise InputError(f"--think-time must be a finite number of seconds >= 0, got {self.think_time}")
+        if self.think_time and self.num_turns == 1:
+            raise InputError(f"--think-time {self.think_time:g} needs --num-turns above 1 (the time between turns)")
+        if self.num_turns > 1 and self.duration is not None:
+            raise InputError("--num-turns counts --num-requests requests; it does not take --duration")
         if self.num_requests is not None and self.num_requests < 1:
             raise InputError(f"--num-requests must be positive, got {self.num_requests}")
         if self.time_limit is not None and not self.time_limit > 0:

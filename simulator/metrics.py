@@ -17,6 +17,7 @@ import numpy as np
 import polars as pl
 
 from simulator.simulate import RunResult
+from simulator.steplog import StepLog
 from simulator.tokens import describe_histogram, itl_histogram, tokens_table
 
 LATENCIES = ("ttft", "tpot", "itl", "e2el", "queue")
@@ -37,7 +38,8 @@ def build_tables(result: RunResult, tokens: bool = True) -> Tables:
     log = result.log
     columns = ("start", "duration", "num_seqs", "prefill_tokens", "decode_tokens", "padded_tokens",
                "kv_blocks_used", "num_waiting", "num_running", "num_preempted")
-    steps = pl.DataFrame({"step": np.arange(len(log), dtype=np.int64)} | {name: log.column(name) for name in columns})
+    steps = pl.DataFrame({"step": np.arange(len(log), dtype=np.int64)} | {name: log.column(name) for name in columns}
+                         | prefix_cache_columns(log)).with_columns(pl.col("prefix_cache_hit_rate").fill_nan(None))
     token_rows = tokens_table(log) if tokens else pl.DataFrame(
         schema={"request_id": pl.Int64, "index": pl.Int64, "time": pl.Float64})
 
@@ -62,10 +64,24 @@ def build_tables(result: RunResult, tokens: bool = True) -> Tables:
         "queue": reqs.scheduled - arrival,
         "preemptions": reqs.preemptions,
         "priority": reqs.priority,
+        "cached_tokens": reqs.cached_tokens,
         "finished": ~np.isnan(finish),
     }).with_columns(pl.col(c).fill_nan(None) for c in ("scheduled", "first_token", "finish", "ttft",
                                                         "tpot", "e2el", "queue"))
     return Tables(requests, token_rows, steps)
+
+
+def prefix_cache_columns(log: StepLog) -> dict[str, np.ndarray]:
+    """Per step, the prompt tokens its admissions queried in the prefix cache and found there; and
+    the hit rate so far (hits / queries up to that step, NaN before the first query), as vLLM's
+    prefix-cache hit rate."""
+    steps = log.column("cache_step")
+    queried = np.bincount(steps, weights=log.column("cache_queried"), minlength=len(log)).astype(np.int64)
+    hit = np.bincount(steps, weights=log.column("cache_hit"), minlength=len(log)).astype(np.int64)
+    total = np.cumsum(queried)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        rate = np.where(total > 0, np.cumsum(hit) / total, np.nan)
+    return {"prefix_cache_queried_tokens": queried, "prefix_cache_hit_tokens": hit, "prefix_cache_hit_rate": rate}
 
 
 def describe(values: np.ndarray, percentiles: tuple[float, ...]) -> dict[str, float | None]:
@@ -167,6 +183,10 @@ def summarize(result: RunResult, tables: Tables) -> dict[str, Any]:
         "kv_blocks": result.kv_blocks,
         "kv_capacity_tokens": result.kv_blocks * config.block_size,
     }
+    queried = int(tables.steps["prefix_cache_queried_tokens"].sum())
+    summary["prefix_cache_queried_tokens"] = queried
+    summary["prefix_cache_hit_tokens"] = int(tables.steps["prefix_cache_hit_tokens"].sum())
+    summary["prefix_cache_hit_rate"] = summary["prefix_cache_hit_tokens"] / queried if queried else math.nan
     duration = 0.0
     if num_done:
         duration = float(done["finish"].to_numpy().max() - tables.requests["arrival"].to_numpy().min())

@@ -39,6 +39,8 @@ COLUMNS = {
                       "kv_blocks_used": "numeric", "num_waiting": "numeric", "num_preempted": "integer"},
     "tokens.parquet": {"request_id": "integer", "index": "integer", "time": "numeric"},
 }
+OPTIONAL_COLUMNS = {"steps.parquet": {"prefix_cache_queried_tokens": "integer", "prefix_cache_hit_tokens": "integer"}}
+"""Read, their kinds checked, when present (runs written before prefix caching lack them)."""
 
 
 @dataclass(frozen=True)
@@ -106,6 +108,8 @@ def read_table(path: Path) -> pl.DataFrame:
     columns = COLUMNS[path.name]
     try:
         schema = pl.read_parquet_schema(path)
+        columns = columns | {name: kind for name, kind in OPTIONAL_COLUMNS.get(path.name, {}).items()
+                             if name in schema}
         missing = [name for name in columns if name not in schema]
         if missing:
             raise InputError(f"{str(path)!r} lacks the column(s) {', '.join(missing)}")
@@ -182,6 +186,8 @@ def run_header(folder: Path, run: RunFolder, drawn: list[str]) -> str:
             ["total token throughput (tok/s)", fmt(summary.get("total_token_throughput"), ".1f")]]
     if "request_goodput" in summary:
         rows.append(["request goodput (req/s)", fmt(summary["request_goodput"], ".3f")])
+    if number(summary.get("prefix_cache_queried_tokens")):
+        rows.append(["prefix cache hit rate", fmt(summary.get("prefix_cache_hit_rate"), ".2%")])
     rows += [["preemptions", str(summary["preemptions"])],
              ["GPU busy (share of the run)", fmt(summary.get("utilisation"), ".1%")],
              ["KV cache (blocks / tokens)", f"{summary['kv_blocks']} / {summary['kv_capacity_tokens']}"]]

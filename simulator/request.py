@@ -38,6 +38,17 @@ class Request:
     """KV reserved in full at admission (a padded batch); 0 = grow block by block."""
     admitted: int = -1
     """Admission number: the running set's order (each admission, re-admissions too, gets the next)."""
+    content: tuple[tuple[int, int], ...] | None = None
+    """Prefix identity: (segment id, tokens) pieces of its prompt and then its output; None: none
+    (see `simulator.kv`)."""
+    cached_tokens: int = 0
+    """Prompt tokens found in the prefix cache at its first admission (vLLM's num_cached_tokens)."""
+    # The prefix cache's bookkeeping (simulator.kv): chained block keys, the keys of the blocks it
+    # holds (None: an uncached copy), and a waiting request's looked-up hit.
+    block_keys: list[int] | None = None
+    held_keys: list[int | None] | None = None
+    hit_blocks: int = 0
+    hit_in_use: int = 0
     # The engine's bookkeeping while the request is one of the lazy decoders.
     decode_key: int = 0
     decode_epoch: int = 0
@@ -70,6 +81,7 @@ class RequestRecord(NamedTuple):
     finish: float
     preemptions: int
     priority: int
+    cached_tokens: int
 
 
 @dataclass
@@ -86,6 +98,7 @@ class RequestColumns:
     finish: np.ndarray
     preemptions: np.ndarray
     priority: np.ndarray
+    cached_tokens: np.ndarray
 
     def __len__(self) -> int:
         return len(self.arrival)
@@ -93,7 +106,8 @@ class RequestColumns:
     def __getitem__(self, i: int) -> RequestRecord:
         return RequestRecord(i, float(self.arrival[i]), int(self.prompt_tokens[i]), int(self.output_tokens[i]),
                              int(self.emitted[i]), float(self.scheduled[i]), float(self.first_token[i]),
-                             float(self.finish[i]), int(self.preemptions[i]), int(self.priority[i]))
+                             float(self.finish[i]), int(self.preemptions[i]), int(self.priority[i]),
+                             int(self.cached_tokens[i]))
 
     def __iter__(self) -> Iterator[RequestRecord]:
         return (self[i] for i in range(len(self)))
@@ -101,7 +115,7 @@ class RequestColumns:
     @classmethod
     def from_requests(cls, requests: list[Request]) -> RequestColumns:
         fields = ("arrival", "prompt_tokens", "output_tokens", "emitted", "scheduled", "first_token", "finish",
-                  "preemptions", "priority")
+                  "preemptions", "priority", "cached_tokens")
         # One pass over the requests, a slice at a time (bounded memory); counts are far below 2**53,
         # so float64 holds them exactly.
         table = np.empty((len(requests), len(fields)), dtype=np.float64)
@@ -114,4 +128,4 @@ class RequestColumns:
         return cls(*columns)
 
 
-INT_FIELDS = frozenset({"prompt_tokens", "output_tokens", "emitted", "preemptions", "priority"})
+INT_FIELDS = frozenset({"prompt_tokens", "output_tokens", "emitted", "preemptions", "priority", "cached_tokens"})

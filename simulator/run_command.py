@@ -46,6 +46,8 @@ def format_summary(summary: dict[str, Any], config: RunConfig, metrics: tuple[st
         f"{'output token throughput (tok/s)':<40}{per_s(summary['output_throughput'], 1)}",
         f"{'total token throughput (tok/s)':<40}{per_s(summary['total_token_throughput'], 1)}",
         f"{'preemptions':<40}{summary['preemptions']}",
+        *([f"{'prefix cache hit rate':<40}{summary['prefix_cache_hit_rate']:.2%}"]
+          if summary["prefix_cache_queried_tokens"] else []),
         f"{'GPU busy (share of the run)':<40}{summary['utilisation']:.1%}",
     ]
     if "request_goodput" in summary:
@@ -102,6 +104,12 @@ def format_summary(summary: dict[str, Any], config: RunConfig, metrics: tuple[st
 @setting("trace", help="Replay a trace (CSV, JSONL or Parquet; Azure and Mooncake as published) [default: none, a "
               "synthetic workload].")
 @setting("trace_speed", type=float, help="Replay speed of --trace: 2 replays it twice as fast.")
+@setting("prefix_len", type=int, help="Each prompt starts with one of --num-prefixes shared prefixes of this many "
+         "tokens, then its --input-len own tokens (0: none).")
+@setting("num_prefixes", type=int, help="How many shared prefixes --prefix-len draws from, uniformly by seed.")
+@setting("num_turns", type=int, help="Multi-turn sessions of this many requests: each turn's prompt is the "
+         "conversation so far and a new --input-len question (--rate then counts sessions).")
+@setting("think_time", type=float, help="Seconds between a turn's answer and the session's next turn.")
 @setting("seed", type=int, help="Seed of arrivals and lengths; a seed always gives the same run.")
 @setting("priority_levels", type=int, help="priority: requests get priorities uniform over 0..N-1, lower first "
                                            "(a trace's own `priority` column otherwise) [default: all 0].")
@@ -115,6 +123,10 @@ def format_summary(summary: dict[str, Any], config: RunConfig, metrics: tuple[st
 @setting("max_model_len", type=int, help="As vllm serve: refuse a request longer than this many tokens "
                                          "(prompt + output) [default: the model's context length].")
 @setting("block_size", type=int, help="KV block size in tokens.")
+@click.option("--enable-prefix-caching/--no-enable-prefix-caching", "enable_prefix_caching",
+              default=DEFAULTS["enable_prefix_caching"], show_default=True,
+              help="As vllm serve: automatic prefix caching of full KV blocks (acts on workloads with prefix "
+                   "identity: --prefix-len, Mooncake hash_ids).")
 @setting("gpu_memory_utilization", type=float, help="Share of GPU memory for weights, activations and KV cache.")
 @setting("num_gpu_blocks_override", type=int, help="Exactly this many KV blocks [default: sized from memory].")
 @setting("time_limit", type=float, help="Stop the simulated clock at this many seconds; requests still in flight "

@@ -169,6 +169,35 @@ def server_figure(steps: pl.DataFrame, kv_blocks: int) -> go.Figure:
     return fig
 
 
+HIT_RATE_WINDOWS = 50
+"""The windowed hit rate is drawn over this many equal spans of the run."""
+
+
+def prefix_cache_figure(steps: pl.DataFrame) -> go.Figure:
+    """The prefix cache's hit rate over time, as vLLM's (hit tokens / queried tokens): so far, and
+    within each of `HIT_RATE_WINDOWS` equal spans of the run (the admissions' queries in it)."""
+    queried = steps.filter(pl.col("prefix_cache_queried_tokens") > 0)
+    start = queried["start"].to_numpy()
+    asked = queried["prefix_cache_queried_tokens"].to_numpy().astype(np.float64)
+    hit = queried["prefix_cache_hit_tokens"].to_numpy().astype(np.float64)
+    edges = np.linspace(start[0], start[-1], HIT_RATE_WINDOWS + 1)
+    window = np.clip(np.searchsorted(edges, start, side="right") - 1, 0, HIT_RATE_WINDOWS - 1)
+    asked_in = np.bincount(window, weights=asked, minlength=HIT_RATE_WINDOWS)
+    hit_in = np.bincount(window, weights=hit, minlength=HIT_RATE_WINDOWS)
+    some = asked_in > 0
+    fig = go.Figure()
+    fig.add_trace(go.Scattergl(x=start, y=np.cumsum(hit) / np.cumsum(asked) * 100, mode="lines",
+                               line={"shape": "hv", "color": BLUE}, name="so far"))
+    fig.add_trace(go.Bar(x=((edges[:-1] + edges[1:]) / 2)[some], y=(hit_in[some] / asked_in[some]) * 100,
+                         width=(edges[1] - edges[0]) * 0.9, marker={"color": ORANGE, "opacity": 0.5},
+                         name=f"in each 1/{HIT_RATE_WINDOWS} of the run"))
+    fig.update_yaxes(title_text="prefix cache hit rate (%)", range=[0, 100])
+    fig.update_xaxes(title_text="time (s)")
+    fig.update_layout(title="Prefix cache hit rate (prompt tokens found cached / looked up, at admission)",
+                      height=450, legend={"orientation": "h", "y": -0.2})
+    return fig
+
+
 def median_gap(requests: pl.DataFrame, tokens: pl.DataFrame, itl: np.ndarray) -> float:
     """The median ITL of the finished requests, or of every request's gaps when none finished."""
     from simulator.metrics import inter_token_latencies
@@ -189,4 +218,6 @@ def run_figures(requests: pl.DataFrame, steps: pl.DataFrame, tokens: pl.DataFram
         figures["tokens"] = token_figure(requests, tokens, median_gap(requests, tokens, itl))
     if not steps.is_empty():
         figures["server"] = server_figure(steps, kv_blocks)
+    if "prefix_cache_queried_tokens" in steps.columns and steps["prefix_cache_queried_tokens"].sum():
+        figures["prefix_cache"] = prefix_cache_figure(steps)
     return figures

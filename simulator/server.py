@@ -15,6 +15,9 @@ explicit rows and admissions and says whether the decoders run (`simulator.step`
    finishing leave; explicit requests that now decode join the aggregate;
 5. logs the step.
 
+With prefix caching (`simulator.kv`) an admission first takes the cached prefix of its prompt, and
+once the step's blocks are allocated its prefill rows register their full blocks in the cache.
+
 A decode-only step (only the decoders, nothing admitted or preempted) is priced for the k steps it
 repeats until the next event: a finish (the decoders' heap), a KV shortfall (blocks needed per step
 by residue), the time limit, or the next event on the clock (`env.peek()`, an arrival); the k steps
@@ -35,7 +38,7 @@ from simulator.clock import Clock
 from simulator.cost import CostModel, StepShape
 from simulator.decoders import Decoders
 from simulator.errors import InputError
-from simulator.kv import KVBlocks
+from simulator.kv import KVBlocks, WaitingWithHits
 from simulator.queues import make_queues
 from simulator.request import Request
 from simulator.step import PaddedBatch, Policy, Step
@@ -105,7 +108,7 @@ class Server:
 
     @property
     def waiting(self) -> Any:
-        return self._waiting
+        return WaitingWithHits(self._waiting, self._kv) if self._kv.caching else self._waiting
 
     @property
     def prefilling(self) -> Sequence[Request]:
@@ -215,10 +218,16 @@ class Server:
         rows, admits = self._split(step)
         decoders, log = self.decoders, self.log
         num_preempted = self._allocate(rows, step.decode and decoders.count > 0)
+        kv = self._kv
+        queried, hit = kv.queried_tokens, kv.hit_tokens
         for request, n in admits:
             self._admit(request, n, step.batch)
         num_lazy = decoders.count if step.decode else 0
         explicit_rows = rows + admits
+        if kv.caching:
+            for request, n in explicit_rows:
+                if not (request.emitted and request.num_pending == 1):  # decode rows register at release
+                    kv.register(request, request.computed + n)
         real = num_lazy
         num_decode = num_lazy
         for request, n in explicit_rows:
@@ -272,7 +281,9 @@ class Server:
                     still.append(request)
             self.explicit = still
         log.append(start, duration, num_lazy + len(explicit_rows), real - num_decode, num_decode,
-                   shape.num_tokens - real, self._kv.num_used, len(self._waiting), self.num_running, num_preempted)
+                   shape.num_tokens - real, kv.num_used, len(self._waiting), self.num_running, num_preempted)
+        if kv.queried_tokens != queried:
+            log.cache_queries(index, kv.queried_tokens - queried, kv.hit_tokens - hit)
 
     def _allocate(self, rows: list[tuple[Request, int]], decode: bool) -> int:
         """KV for the running rows and the decoders; preempt from the back of the running set until
@@ -301,7 +312,7 @@ class Server:
                 num_preempted += 1
             rows[:] = [(r, n) for r, n in rows if r not in dropped]
         if decode:
-            kv.num_free -= decoders.blocks_needed()
+            kv.take(decoders.blocks_needed())
         for request, n in rows:
             kv.grow(request, request.computed + n)
         return num_preempted
@@ -311,15 +322,17 @@ class Server:
             self._waiting.remove(request)
         except (ValueError, KeyError, IndexError, AssertionError):
             raise PolicyError(f"request {request.id} is neither waiting nor running") from None
+        kv = self._kv
+        if kv.caching:
+            kv.take_hit(request)  # part of the hit the policy saw may have been evicted since
         needed = request.computed + n
         if batch is not None:
             request.reserved_tokens = batch.reserve_tokens
             needed = max(needed, batch.reserve_tokens)
-        kv = self._kv
         extra = kv.extra_blocks(request, needed)
         if extra > kv.num_free:
             raise PolicyError(f"request {request.id} was admitted needing {extra} KV blocks with {kv.num_free} free")
-        kv.num_free -= extra
+        kv.take(extra)
         request.blocks += extra
         if request.scheduled != request.scheduled:  # NaN: never scheduled before
             request.scheduled = self.clock

@@ -19,9 +19,12 @@ from simulator.model import ModelSpec, load_model
 from simulator.progress import RunProgress
 from simulator.request import Request, RequestColumns
 from simulator.server import Process, Server
+from simulator.sessions import SessionClients
 from simulator.step import Policy
 from simulator.steplog import StepLog
 from workloads import Workload, read_trace, synthetic_workload
+from workloads.prefixes import output_segment, shared_prefix_content
+from workloads.sessions import conversations
 
 DEFAULT_NUM_REQUESTS = 1000  # as `vllm bench serve --num-prompts`
 
@@ -50,6 +53,13 @@ def build_workload(config: RunConfig) -> Workload:
         # Its own stream from the seed (the fourth), so the lengths and arrivals stay as they were.
         rng = np.random.default_rng(config.seed).spawn(4)[3]
         workload = replace(workload, priority=rng.integers(0, config.priority_levels, workload.num_requests))
+    if config.prefix_len:
+        # The fifth stream chooses the prefixes, leaving the others as they were.
+        rng = np.random.default_rng(config.seed).spawn(5)[4]
+        prompts, content = shared_prefix_content(workload.prompt_tokens, config.prefix_len, config.num_prefixes, rng)
+        workload = replace(workload, prompt_tokens=prompts, content=content)
+    if config.num_turns > 1:
+        workload = conversations(workload, config.num_turns, config.think_time)
     return workload
 
 
@@ -112,7 +122,8 @@ def check_fits(workload: Workload, config: RunConfig, model: ModelSpec, kv_block
     build_policy(config).check_prompts(workload.prompt_tokens.tolist())
 
 
-Engine = Callable[[Policy, CostModel, int, int, Workload, float | None], tuple[RequestColumns, StepLog, float]]
+Engine = Callable[..., tuple[RequestColumns, StepLog, float]]
+"""`run_engine`'s signature (the tests' oracle)."""
 
 
 def simulate(config: RunConfig, workload: Workload | None = None, cost: CostModel | None = None,
@@ -127,13 +138,17 @@ def simulate(config: RunConfig, workload: Workload | None = None, cost: CostMode
     kv_blocks = kv_cache_blocks(config, model, gpu, int(workload.prompt_tokens.max()))
     check_fits(workload, config, model, kv_blocks)
     cost = cost or build_cost_model(config, model, gpu)
+    # Static batching pads every row to the longest prompt and computes it whole: no prefix hits.
+    caching = config.enable_prefix_caching and workload.content is not None and config.policy != "static"
     if engine is not None:
-        requests, log, end_time = engine(policy, cost, kv_blocks, config.block_size, workload, config.time_limit)
+        requests, log, end_time = engine(policy, cost, kv_blocks, config.block_size, workload, config.time_limit,
+                                         prefix_caching=caching)
     else:
         bar = RunProgress(workload.num_requests, enabled=progress)
         try:
             requests, log, end_time = run_engine(policy, cost, kv_blocks, config.block_size, workload,
-                                                 config.time_limit, bar.update if progress else None)
+                                                 config.time_limit, bar.update if progress else None,
+                                                 prefix_caching=caching)
         finally:
             bar.close()
     return RunResult(config, model, gpu, kv_blocks, requests, log, workload.num_requests, end_time,
@@ -141,8 +156,8 @@ def simulate(config: RunConfig, workload: Workload | None = None, cost: CostMode
 
 
 def run_engine(policy: Policy, cost: CostModel, kv_blocks: int, block_size: int, workload: Workload,
-               time_limit: float | None, on_step: Callable[[int, float], None] | None = None
-               ) -> tuple[RequestColumns, StepLog, float]:
+               time_limit: float | None, on_step: Callable[[int, float], None] | None = None,
+               prefix_caching: bool = False) -> tuple[RequestColumns, StepLog, float]:
     """One server in a SimPy environment, fed by an arrival process (open loop) or by clients that
     send their next request when the last one finishes (closed loop)."""
     env = Clock()
@@ -152,24 +167,38 @@ def run_engine(policy: Policy, cost: CostModel, kv_blocks: int, block_size: int,
     outputs = workload.output_tokens.tolist()
     priorities = workload.priority.tolist() if workload.priority is not None else [0] * workload.num_requests
 
-    def make_request(arrival: float) -> Request:
-        i = len(requests)
-        request = Request(i, arrival, prompts[i], outputs[i], priorities[i])
+    contents = workload.content
+    kv = KVBlocks(kv_blocks, block_size, prefix_caching)
+
+    def make_request(arrival: float, i: int | None = None) -> Request:
+        """The workload's request `i` (the next one by default) arrives."""
+        i = len(requests) if i is None else i
+        request = Request(len(requests), arrival, prompts[i], outputs[i], priorities[i])
+        if contents is not None:
+            request.content = (*contents[i], output_segment(i, outputs[i]))
         requests.append(request)
         return request
 
-    if workload.arrival is None:
+    if workload.turns > 1:
+        def send(i: int, at: float) -> Request:
+            request = make_request(at, i)
+            server.submit(request, at)
+            return request
+
+        clients = SessionClients(env, workload, send, env.arrival_timeout)
+        server = Server(env, policy, cost, kv, log, time_limit, on_finish=clients.on_finish, on_step=on_step)
+        clients.start()
+    elif workload.arrival is None:
         def next_client(_finished: Request, at: float) -> None:
             if len(requests) < workload.num_requests:
                 server.submit(make_request(at), at)
 
-        server = Server(env, policy, cost, KVBlocks(kv_blocks, block_size), log, time_limit, on_finish=next_client,
-                        on_step=on_step)
+        server = Server(env, policy, cost, kv, log, time_limit, on_finish=next_client, on_step=on_step)
         assert workload.concurrency is not None
         for _ in range(min(workload.concurrency, workload.num_requests)):
             server.submit(make_request(0.0))
     else:
-        server = Server(env, policy, cost, KVBlocks(kv_blocks, block_size), log, time_limit, on_step=on_step)
+        server = Server(env, policy, cost, kv, log, time_limit, on_step=on_step)
         arrivals = workload.arrival.tolist()
 
         def arrive() -> Process:

@@ -15,6 +15,10 @@ its registry):
   request in `Step.tokens` admits it. Admissions must fit the free KV blocks the policy can see:
   `view.kv.num_free`, less `view.decode_blocks` when the decoders run, less what running prompts'
   chunks need (`view.kv.extra_blocks(request, request.computed + n)`).
+- With prefix caching (`simulator.kv`), each request `view.waiting` hands over has been looked up:
+  its `computed` is its cached prefix (block-aligned, the last prompt token always left to compute)
+  and `view.kv.extra_blocks` does not charge the cached blocks other requests hold. At admission
+  the engine takes what is still cached of it.
 - `view.prefilling` lists the running requests with prompt (or recomputation) left, in admission
   order; each may be given up to `request.num_pending` tokens.
 - `Step(decode=True)` runs every decoder for one token. When the order of the running set matters

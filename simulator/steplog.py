@@ -40,6 +40,10 @@ class StepLog:
     run_first: array = field(default_factory=_ints)
     run_count: array = field(default_factory=_ints)
     lazy_step: array = field(default_factory=_ints)
+    cache_step: array = field(default_factory=_ints)
+    """Steps whose admissions queried the prefix cache, with the tokens queried and hit."""
+    cache_queried: array = field(default_factory=_ints)
+    cache_hit: array = field(default_factory=_ints)
 
     def __len__(self) -> int:
         return len(self.times) >> 1
@@ -50,6 +54,12 @@ class StepLog:
         self.times.extend((start, duration))
         self.counts.extend((num_seqs, prefill_tokens, decode_tokens, padded_tokens, kv_blocks_used, num_waiting,
                             num_running, num_preempted))
+
+    def cache_queries(self, step: int, queried: int, hit: int) -> None:
+        """Step `step`'s admissions queried `queried` prompt tokens of the prefix cache and hit `hit`."""
+        self.cache_step.append(step)
+        self.cache_queried.append(queried)
+        self.cache_hit.append(hit)
 
     def extend(self, starts: np.ndarray, durations: np.ndarray, counts: dict[str, np.ndarray | int]) -> None:
         """Many steps at once, each count an array or one value for all (0 when not given)."""

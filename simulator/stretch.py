@@ -61,7 +61,7 @@ def decode_stretch(server: Server, wake_at: float | None) -> Process:
             return
         num_live = decoders.count
         if growing:
-            kv.num_free -= decoders.blocks_needed()
+            kv.take(decoders.blocks_needed())
         decoders.steps += 1
         log = server.log
         log.lazy_step.append(len(log))
@@ -97,7 +97,7 @@ def decode_stretch(server: Server, wake_at: float | None) -> Process:
     index0 = len(log)
     decoders.steps += k
     if growing:
-        kv.num_free -= int(used[-1])
+        kv.take(int(used[-1]))
     finishing = decoders.pop_finished()
     for step, request in finishing:
         server.finish(request, float(ends[step - steps0 - 1]), step)

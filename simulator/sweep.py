@@ -52,17 +52,24 @@ def _setting_types() -> dict[str, tuple[type, bool]]:
         hint = hints[name]
         args = typing.get_args(hint) if isinstance(hint, types.UnionType) else (hint,)
         scalar = [a for a in args if a is not type(None)]
-        assert len(scalar) == 1 and scalar[0] in (str, int, float), f"{name}: {hint}"
+        assert len(scalar) == 1 and scalar[0] in (str, int, float, bool), f"{name}: {hint}"
         kinds[name] = (scalar[0], type(None) in args)
     return kinds
 
 
 SETTING_TYPES = _setting_types()
+BOOLEANS = {"true": True, "on": True, "yes": True, "false": False, "off": False, "no": False}
 
 
 def parse_value(name: str, value: Any) -> Any:
     """One value of setting `name`, from command-line text or a YAML/TOML scalar."""
     kind, optional = SETTING_TYPES[name]
+    if kind is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.strip().lower() in BOOLEANS:
+            return BOOLEANS[value.strip().lower()]
+        raise InputError(f"{flag(name)} takes true or false, got {value!r}")
     if isinstance(value, str):
         text = value.strip()
         if optional and text.lower() in ("none", "null"):
@@ -270,7 +277,7 @@ def settings_schema() -> dict[str, Any]:
     """Settings columns keep their types in a row where every value is None (e.g. --rate none)."""
     import polars as pl
 
-    dtypes = {str: pl.String, int: pl.Int64, float: pl.Float64}
+    dtypes = {str: pl.String, int: pl.Int64, float: pl.Float64, bool: pl.Boolean}
     schema: dict[str, Any] = {setting_column(name): dtypes[kind] for name, (kind, _) in SETTING_TYPES.items()}
     return schema | dict.fromkeys(SWEEP_WIDE, pl.String) | {"config_id": pl.String, "error": pl.String}
 

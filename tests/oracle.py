@@ -6,6 +6,11 @@ by walking the running set, and carries out each step literally: the running row
 (most recently admitted, or the lowest-priority latest arrival) until it can or is itself the victim;
 then the admissions; then one timeout for the step. `simulator.server` must give the same tables to
 the last bit (tests/test_engines.py).
+
+With prefix caching every waiting request is looked up before every step; the rows' blocks are
+taken from the free queue once the step's victims are known (a row preempted later in the walk
+never took any), then the admissions take their hits and blocks, then the step's prefill rows
+register their full blocks.
 """
 
 from __future__ import annotations
@@ -21,9 +26,11 @@ from simulator.cost import CostModel, StepShape
 from simulator.kv import KVBlocks
 from simulator.request import Request, RequestColumns
 from simulator.server import PolicyError, PolicyStalledError
+from simulator.sessions import SessionClients
 from simulator.step import Policy, Step
 from simulator.steplog import StepLog
 from workloads import Workload
+from workloads.prefixes import output_segment
 
 
 class ArrivalTimeout(Timeout):
@@ -111,7 +118,11 @@ class OracleServer:
             self._wakeup.put(request.id)
 
     def _serve(self) -> Generator[simpy.Event, Any, None]:
+        kv = self.kv
         while True:
+            if kv.caching:
+                for request in self.waiting:
+                    kv.look_up(request)
             step = self.policy(self)
             rows = [(r, 1 if r.is_decoding and step.decode else step.tokens[r]) for r in self.run_list
                     if (step.decode and r.is_decoding and not r.is_finished) or r in step.tokens]
@@ -132,9 +143,15 @@ class OracleServer:
                 self._sleeping = False
                 continue
             num_preempted = self._allocate(rows)
+            queried, hit = kv.queried_tokens, kv.hit_tokens
             for request, n in admits:
                 self._admit(request, n, step)
             all_rows = rows + admits
+            if kv.caching:
+                for request, n in all_rows:
+                    if not request.is_decoding:
+                        kv.register(request, request.computed + n)
+            cache_stats = (kv.queried_tokens - queried, kv.hit_tokens - hit)
             if step.batch is not None:
                 self.batch, self.batch_prompt = [r for r, _ in admits], step.batch.prompt_len
                 shape = StepShape.from_rows([(self.batch_prompt, self.batch_prompt)] * len(admits))
@@ -147,17 +164,23 @@ class OracleServer:
             start = self.env.now
             duration = self.cost.step_time(shape)
             yield self.env.timeout(duration)
+            if cache_stats[0]:
+                self.log.cache_queries(len(self.log), *cache_stats)
             self._advance(all_rows, start, duration, shape, num_preempted)
 
     def _allocate(self, rows: list[tuple[Request, int]]) -> int:
         num_preempted = 0
         dropped: set[Request] = set()
+        counted: dict[Request, int] = {}  # blocks set aside for a row; taken once the victims are known
+        num_counted = 0
         for request, n in rows:
             if request in dropped:
                 continue
-            while self.kv.extra_blocks(request, max(request.computed + n, request.reserved_tokens)) > self.kv.num_free:
+            while (self.kv.extra_blocks(request, max(request.computed + n, request.reserved_tokens))
+                   > self.kv.num_free - num_counted):
                 victim = self._victim()
                 self.run_list.remove(victim)
+                num_counted -= counted.pop(victim, 0)
                 self.kv.release(victim)
                 victim.computed = 0
                 victim.preemptions += 1
@@ -167,8 +190,11 @@ class OracleServer:
                 if victim is request:
                     break
             else:
-                self.kv.grow(request, request.computed + n)
+                counted[request] = self.kv.extra_blocks(request, request.computed + n)
+                num_counted += counted[request]
         rows[:] = [(r, n) for r, n in rows if r not in dropped]
+        for request, n in rows:
+            self.kv.grow(request, request.computed + n)
         return num_preempted
 
     def _victim(self) -> Request:
@@ -180,6 +206,8 @@ class OracleServer:
         if request not in self.waiting.items:
             raise PolicyError(f"request {request.id} is neither waiting nor running")
         self.waiting.items.remove(request)
+        if self.kv.caching:
+            self.kv.take_hit(request)
         needed = request.computed + n
         if step.batch is not None:
             request.reserved_tokens = step.batch.reserve_tokens
@@ -223,28 +251,40 @@ class OracleServer:
 
 
 def run_oracle(policy: Policy, cost: CostModel, kv_blocks: int, block_size: int, workload: Workload,
-               time_limit: float | None) -> tuple[RequestColumns, StepLog, float]:
+               time_limit: float | None, prefix_caching: bool = False) -> tuple[RequestColumns, StepLog, float]:
     env = simpy.Environment()
     requests: list[Request] = []
     priorities = workload.priority.tolist() if workload.priority is not None else [0] * workload.num_requests
 
-    def make_request(arrival: float) -> Request:
-        i = len(requests)
-        requests.append(Request(i, arrival, int(workload.prompt_tokens[i]), int(workload.output_tokens[i]),
-                                priorities[i]))
+    def make_request(arrival: float, i: int | None = None) -> Request:
+        i = len(requests) if i is None else i
+        requests.append(Request(len(requests), arrival, int(workload.prompt_tokens[i]),
+                                int(workload.output_tokens[i]), priorities[i]))
+        if workload.content is not None:
+            requests[-1].content = (*workload.content[i], output_segment(i, int(workload.output_tokens[i])))
         return requests[-1]
 
-    if workload.arrival is None:
+    if workload.turns > 1:
+        def send(i: int, at: float) -> Request:
+            request = make_request(at, i)
+            server.submit(request)
+            return request
+
+        clients = SessionClients(env, workload, send, lambda delay: ArrivalTimeout(env, delay))
+        server = OracleServer(env, policy, cost, KVBlocks(kv_blocks, block_size, prefix_caching),
+                              on_finish=clients.on_finish)
+        clients.start()
+    elif workload.arrival is None:
         def next_client(_finished: Request, at: float) -> None:
             if len(requests) < workload.num_requests:
                 server.submit(make_request(at))
 
-        server = OracleServer(env, policy, cost, KVBlocks(kv_blocks, block_size), on_finish=next_client)
+        server = OracleServer(env, policy, cost, KVBlocks(kv_blocks, block_size, prefix_caching), on_finish=next_client)
         assert workload.concurrency is not None
         for _ in range(min(workload.concurrency, workload.num_requests)):
             server.submit(make_request(0.0))
     else:
-        server = OracleServer(env, policy, cost, KVBlocks(kv_blocks, block_size))
+        server = OracleServer(env, policy, cost, KVBlocks(kv_blocks, block_size, prefix_caching))
 
         def arrive() -> Generator[simpy.Event, Any, None]:
             for t in workload.arrival.tolist():  # type: ignore[union-attr]

@@ -58,3 +58,18 @@ def test_the_vidur_case_is_the_speed_issues_command(tmp_path: Path) -> None:
     assert not (out / "tokens.parquet").exists()
     settings = json.loads((out / "summary.json").read_text())["settings"]
     assert (settings["policy"], settings["rate"], settings["max_num_batched_tokens"]) == ("chunked", 12.0, 8192)
+
+
+def test_prefix_cache_benchmark_runs_the_workload_it_names() -> None:
+    """Its shared-prefix case: 2,000-token prompts, 1,000 of them one of 8 shared prefixes, which
+    later requests find cached; its plain case (a) has nothing to find."""
+    from benchmarks.prefix_cache import CASE_A, SHARED
+    from simulator.config import RunConfig
+    from simulator.metrics import build_tables, summarize
+    from simulator.simulate import simulate
+
+    shared = simulate(RunConfig(num_requests=200, **CASE_A | SHARED))  # type: ignore[arg-type]
+    assert (shared.requests.prompt_tokens == 2000).all()
+    assert summarize(shared, build_tables(shared, tokens=False))["prefix_cache_hit_rate"] > 0.4
+    plain = simulate(RunConfig(num_requests=200, **CASE_A))  # type: ignore[arg-type]
+    assert summarize(plain, build_tables(plain, tokens=False))["prefix_cache_queried_tokens"] == 0

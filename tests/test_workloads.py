@@ -700,7 +700,7 @@ def test_integer_valued_float_tokens_are_accepted(tmp_path: Path) -> None:
 
 def test_hash_ids_mark_mooncake_milliseconds(tmp_path: Path) -> None:
     records = [
-        {"timestamp": 3000, "input_length": 10, "output_length": 1, "hash_ids": [0, 1]},
+        {"timestamp": 3000, "input_length": 600, "output_length": 1, "hash_ids": [0, 1]},
         {"timestamp": 1000, "input_length": 20, "output_length": 2, "hash_ids": [0]},
     ]
     trace = read_trace(write_jsonl(tmp_path / "mooncake.jsonl", records))

@@ -6,6 +6,11 @@ Recognised columns (names matched case-insensitively, the first candidate presen
   milliseconds.
 - prompt length: `prompt_tokens`, `input_length`, `input_tokens` or `ContextTokens`.
 - output length: `output_tokens`, `output_length` or `GeneratedTokens`.
+- prefix identity (for the prefix cache, `workloads.prefixes`): Mooncake's `hash_ids`, one id per
+  512-token prompt block (equal ids = equal prefix; the last block holds the rest of the prompt, so
+  a row has exactly ceil(prompt / 512) ids, each an integer in [0, 2**40)); or else a session column,
+  `session_id`, `session` or `conversation_id`: each turn's prompt starts with as much of its
+  session's previous turn (prompt, then answer) as it is long.
 Other columns are ignored. This covers the Azure LLM inference trace 2023 (TIMESTAMP,
 ContextTokens, GeneratedTokens) and Mooncake's JSONL traces as published.
 
@@ -25,12 +30,15 @@ import numpy.typing as npt
 import polars as pl
 
 from simulator.errors import InputError
+from workloads.prefixes import TRACE_BLOCK_TOKENS, Content, session_content, trace_block_content
 from workloads.workload import Workload
 
 ARRIVAL_COLUMNS = ("arrival", "timestamp")
 PROMPT_COLUMNS = ("prompt_tokens", "input_length", "input_tokens", "ContextTokens")
 OUTPUT_COLUMNS = ("output_tokens", "output_length", "GeneratedTokens")
 MOONCAKE_MARKER = "hash_ids"
+SESSION_COLUMNS = ("session_id", "session", "conversation_id")
+MAX_HASH_ID = 1 << 40
 
 
 def read_trace(path: str | Path, speed: float = 1.0, limit: int | None = None) -> Workload:
@@ -51,12 +59,42 @@ def read_trace(path: str | Path, speed: float = 1.0, limit: int | None = None) -
     output = _token_counts(frame[_find_column(frame, OUTPUT_COLUMNS, "output length", path)], path)
 
     order = np.argsort(arrival, kind="stable")[:limit]
+    content = None
+    if MOONCAKE_MARKER in frame.columns:
+        content = _hash_id_content(frame[MOONCAKE_MARKER], prompt, order, path)
+    elif any(name.lower() in SESSION_COLUMNS for name in frame.columns):
+        sessions = frame[_find_column(frame, SESSION_COLUMNS, "session", path)]
+        _check_no_nulls(sessions, path)
+        content = session_content(sessions.gather(order).to_list(), prompt[order].tolist(), output[order].tolist())
     return Workload(
         prompt_tokens=prompt[order],
         output_tokens=output[order],
         arrival=arrival[order] / speed,
         concurrency=None,
+        content=content,
     )
+
+
+def _hash_id_content(column: pl.Series, prompt: npt.NDArray[np.int64], order: npt.NDArray[np.intp],
+                     path: Path) -> tuple[Content, ...]:
+    """Mooncake's hash ids, checked: a list of integers in [0, 2**40) per row, one per 512 prompt tokens."""
+    _check_no_nulls(column, path)
+    if not isinstance(column.dtype, pl.List) or not column.dtype.inner.is_integer():
+        raise InputError(f"{path}: column {column.name} has type {column.dtype}; expected lists of integer block ids")
+    counts = column.list.len().to_numpy()
+    expected = -(-prompt // TRACE_BLOCK_TOKENS)
+    row = _first(counts != expected)
+    if row is not None:
+        raise InputError(f"{path}: column {column.name} has {counts[row]} ids in row {row + 1}, where "
+                         f"{prompt[row]} prompt tokens make {expected[row]} blocks of {TRACE_BLOCK_TOKENS}")
+    flat = column.explode().cast(pl.Float64).to_numpy()  # a null id becomes NaN
+    bad = _first(~np.isfinite(flat) | (flat < 0) | (flat >= MAX_HASH_ID))
+    if bad is not None:
+        row = int(np.searchsorted(np.cumsum(counts), bad, side="right"))
+        raise InputError(f"{path}: column {column.name} has id {flat[bad]} in row {row + 1}; "
+                         f"ids must be integers in [0, 2**40)")
+    ids = column.gather(order).to_list()
+    return tuple(trace_block_content(row_ids, p) for row_ids, p in zip(ids, prompt[order].tolist(), strict=True))
 
 
 def _read_json(path: Path) -> pl.DataFrame:

@@ -37,6 +37,13 @@ class Workload:
     concurrency: int | None
     priority: npt.NDArray[np.int64] | None = None
     """Per request, lower first under the priority policy; None = all 0."""
+    content: tuple[tuple[tuple[int, int], ...], ...] | None = None
+    """Per request, its prompt's prefix identity as (segment id, tokens) pieces summing to its
+    prompt length (`workloads.prefixes`); None = no identity (nothing is shared)."""
+    turns: int = 1
+    """Requests per multi-turn session (`workloads.sessions`); 1 = independent requests."""
+    think_time: float = 0.0
+    """Seconds between a turn's last token and the session's next turn."""
 
     def __post_init__(self) -> None:
         prompt = _check_column("prompt_tokens", self.prompt_tokens, np.int64)
@@ -54,6 +61,12 @@ class Workload:
                 )
         if self.priority is not None and len(_check_column("priority", self.priority, np.int64)) != n:
             raise InputError(f"workload has {n} requests but {len(self.priority)} priorities")
+        if self.content is not None:
+            _check_content(self.content, prompt)
+        if isinstance(self.turns, bool) or not isinstance(self.turns, int) or self.turns < 1:
+            raise InputError(f"workload turns must be a positive integer, got {self.turns!r}")
+        if not (0 <= self.think_time < float("inf")):
+            raise InputError(f"workload think time must be finite seconds >= 0, got {self.think_time!r}")
         if (self.arrival is None) == (self.concurrency is None):
             raise InputError(
                 "workload needs exactly one of arrival times (open loop) "
@@ -90,6 +103,21 @@ class Workload:
         if not isinstance(other, Workload):
             return NotImplemented
         return all(_same(getattr(self, f.name), getattr(other, f.name)) for f in fields(self))
+
+
+def _check_content(content: object, prompt: npt.NDArray[np.int64]) -> None:
+    if not isinstance(content, tuple) or len(content) != len(prompt):
+        raise InputError(f"workload content must be a tuple of one prompt's segments per request ({len(prompt)}), "
+                         f"got {type(content).__name__} of {len(content) if isinstance(content, tuple) else '?'}")
+    for i, (segments, length) in enumerate(zip(content, prompt.tolist(), strict=True)):
+        total = 0
+        for piece in segments:
+            if (not isinstance(piece, tuple) or len(piece) != 2
+                    or not all(isinstance(x, int) and not isinstance(x, bool) for x in piece) or piece[1] < 1):
+                raise InputError(f"workload content of request {i} has segment {piece!r}; expected (id, tokens >= 1)")
+            total += piece[1]
+        if total != length:
+            raise InputError(f"workload content of request {i} covers {total} tokens, its prompt has {length}")
 
 
 def _same(a: object, b: object) -> bool:

@@ -1,0 +1,245 @@
+"""Prefix caching (simulator.kv): hand-computed hit rates and TTFTs, LRU's worst case, and the
+engine against the oracle with the cache on."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import pytest
+from hypothesis import event, given, settings
+from hypothesis import strategies as st
+from kv_reference import ReferenceKVBlocks
+from test_cli import simulate_cli
+from test_engines import ENGINE_EXAMPLES, assert_identical
+from test_properties import SETTINGS, cases
+
+from simulator import simulate as simulate_module
+from simulator import stretch
+from simulator.config import RunConfig
+from simulator.cost import StepShape, build_cost_model
+from simulator.errors import InputError
+from simulator.hardware import load_gpu
+from simulator.kv import KVBlocks, block_keys
+from simulator.metrics import build_tables, summarize
+from simulator.model import load_model
+from simulator.request import Request
+from simulator.simulate import simulate
+from workloads import Workload
+from workloads.prefixes import SHARED_PREFIX, UNIQUE
+from workloads.sessions import conversations
+
+
+def test_fifty_requests_sharing_a_prefix(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """One after another (concurrency 1), each 1,024 shared + 512 own tokens: every request but the
+    first finds the prefix (64 blocks of 16; the 32 own blocks are new), so the hit rate is
+    49 x 1024 / (50 x 1536), and a later request's TTFT is one step computing its 512 tokens
+    over a 1,536-token context, priced by the cost model directly."""
+    out = tmp_path / "run"
+    code, stdout, _ = simulate_cli(["--policy", "chunked", "--concurrency", "1", "--num-requests", "50",
+                                    "--input-len", "512", "--output-len", "20", "--prefix-len", "1024",
+                                    "--out", str(out), "--no-tokens", "--quiet"], capsys)
+    assert code == 0
+    summary = json.loads((out / "summary.json").read_text())["summary"]
+    assert summary["prefix_cache_hit_rate"] == 49 * 1024 / (50 * 1536)
+    assert "prefix cache hit rate                   65.33%" in stdout
+    requests = pl.read_parquet(out / "requests.parquet")
+    assert requests["cached_tokens"].to_list() == [0] + [1024] * 49
+    cost = build_cost_model(RunConfig(), load_model("llama-3.1-8b"), load_gpu("h100_sxm"))
+    suffix_alone = cost.step_time(StepShape.from_rows([(512, 1536)]))
+    whole = cost.step_time(StepShape.from_rows([(1536, 1536)]))
+    ttft = requests["ttft"].to_numpy()
+    assert ttft[0] == pytest.approx(whole, rel=1e-12)
+    assert ttft[1:] == pytest.approx([suffix_alone] * 49, rel=1e-12)
+    assert suffix_alone < whole / 2
+    steps = pl.read_parquet(out / "steps.parquet")
+    queried = steps.filter(pl.col("prefix_cache_queried_tokens") > 0)
+    assert queried.height == 50
+    assert queried["prefix_cache_hit_rate"].to_list() == [i * 1024 / ((i + 1) * 1536) for i in range(50)]
+
+
+def test_caching_off_hits_nothing() -> None:
+    config = RunConfig(policy="chunked", concurrency=1, num_requests=20, input_len=512, output_len=20,
+                       prefix_len=1024, enable_prefix_caching=False)
+    result = simulate(config)
+    summary = summarize(result, build_tables(result, tokens=False))
+    assert summary["prefix_cache_queried_tokens"] == 0 and np.isnan(summary["prefix_cache_hit_rate"])
+    assert not result.requests.cached_tokens.any()
+
+
+def cyclic_workload(num_requests: int, cycle: int, prefix_len: int, own_len: int) -> Workload:
+    """Request i: prefix i mod `cycle`, then its own tokens; one output token, one client."""
+    content = tuple(((SHARED_PREFIX + i % cycle, prefix_len), (UNIQUE + i, own_len)) for i in range(num_requests))
+    return Workload(prompt_tokens=np.full(num_requests, prefix_len + own_len, dtype=np.int64),
+                    output_tokens=np.ones(num_requests, dtype=np.int64), arrival=None, concurrency=1,
+                    content=content)
+
+
+@pytest.mark.parametrize("room", [4, 5])
+def test_lru_worst_case(room: int) -> None:
+    """KV for `room` requests (each 64 prefix blocks + 1 own block, all cached when it finishes).
+    Cycling over `room` prefixes, request i finds prefix i mod room still cached from `room`
+    requests ago (only that request's own block was evicted), so all but the first `room` hit;
+    cycling over room + 1, least-recently-used evicts each prefix just before it comes back: no hit."""
+    n, prefix_len, own_len, block = 60, 1024, 16, 16
+    config = RunConfig(policy="chunked", num_gpu_blocks_override=room * (prefix_len + own_len) // block)
+    rates = {}
+    for cycle in (room, room + 1):
+        result = simulate(config, cyclic_workload(n, cycle, prefix_len, own_len))
+        rates[cycle] = summarize(result, build_tables(result, tokens=False))["prefix_cache_hit_rate"]
+    assert rates[room] == (n - room) * prefix_len / (n * (prefix_len + own_len))
+    assert rates[room + 1] == 0.0
+
+
+def test_block_keys_are_chained() -> None:
+    """Equal content at equal positions gives equal keys, and a difference anywhere changes every
+    later key; a partial block has none."""
+    a = block_keys(((7, 40), (8, 30)), 16, {})
+    b = block_keys(((7, 40), (9, 30)), 16, {})
+    c = block_keys(((6, 8), (7, 32), (8, 30)), 16, {})
+    assert len(a) == 4 and a[:2] == b[:2] and a[2] != b[2] and a[3] != b[3]
+    assert not set(a) & set(c)
+
+
+def test_free_queue_evicts_least_recently_released_first() -> None:
+    """Two requests release their cached blocks; taking one block evicts the first request's last
+    block (released tails go first), leaving the rest of both hits."""
+    kv = KVBlocks(4, 16, caching=True)
+    first, second = (Request(i, 0.0, 33, 1, content=((100 + i, 34),)) for i in range(2))
+    for request in (first, second):
+        kv.take(2)
+        request.blocks = 2
+        request.computed = 32
+        kv.release(request)
+    assert kv.num_free == 4 and kv.num_cached == 4
+    kv.take(1)
+    assert kv.num_cached == 3
+    for request in (first, second):
+        request.computed = 0
+        kv.look_up(request)
+    assert (first.hit_blocks, second.hit_blocks) == (1, 2)
+
+
+def test_content_must_cover_the_prompt() -> None:
+    with pytest.raises(InputError, match="covers 30 tokens, its prompt has 31"):
+        Workload(prompt_tokens=np.array([31], dtype=np.int64), output_tokens=np.array([1], dtype=np.int64),
+                 arrival=np.zeros(1), concurrency=None, content=(((1, 30),),))
+
+
+@st.composite
+def shared_prefixes(draw: st.DrawFn, prompts: list[int]) -> tuple[tuple[tuple[int, int], ...], ...]:
+    """Some prompts start with one of a few shared prefixes (or are whole copies of another)."""
+    lengths = draw(st.lists(st.integers(1, max(prompts)), min_size=1, max_size=3))
+    content = []
+    for i, prompt in enumerate(prompts):
+        k = draw(st.integers(-1, len(lengths) - 1))
+        shared = min(lengths[k], prompt) if k >= 0 else 0
+        pieces = ((SHARED_PREFIX + k, shared),) if shared else ()
+        if prompt > shared:
+            pieces += ((UNIQUE + draw(st.sampled_from([i, 0])), prompt - shared),)
+        content.append(pieces)
+    return tuple(content)
+
+
+@pytest.mark.parametrize("run_min", [1, stretch.RUN_MIN], ids=["every-stretch-as-arrays", "default-stretches"])
+@pytest.mark.parametrize("policy", ["continuous", "chunked", "priority"])
+@settings(SETTINGS, max_examples=ENGINE_EXAMPLES // 2)
+@given(data=st.data())
+def test_engine_matches_oracle_with_caching(policy: str, run_min: int, data: st.DataObject) -> None:
+    """As test_engines' random cases, with prompts sharing prefixes and the cache on; `run_min` 1
+    prices every decode stretch as arrays (its blocks taken, and cached ones evicted, at once)."""
+    default, stretch.RUN_MIN = stretch.RUN_MIN, run_min
+    try:
+        check_caching_case(policy, data)
+    finally:
+        stretch.RUN_MIN = default
+
+
+def check_caching_case(policy: str, data: st.DataObject) -> None:
+    case = data.draw(cases(policy))
+    workload = replace(case.workload, content=data.draw(shared_prefixes(case.workload.prompt_tokens.tolist())))
+    if policy == "priority":
+        workload = replace(workload, priority=np.array(
+            data.draw(st.lists(st.integers(0, 2), min_size=workload.num_requests, max_size=workload.num_requests)),
+            dtype=np.int64))
+    summary = assert_identical(case.config, workload, may_fail=True)
+    if summary:
+        event(f"hit rate {'> 0' if summary['prefix_cache_hit_rate'] else '0'}")
+        event("preempted" if summary["preemptions"] else "no preemption")
+
+
+@pytest.mark.parametrize("policy", ["static", "chunked"])
+def test_caching_off_is_the_run_without_identity(policy: str) -> None:
+    """--no-enable-prefix-caching (and static batching, which takes no hits) serve a workload with
+    prefix identity exactly as the same prompts without it; with caching on they differ."""
+    config = RunConfig(policy=policy, rate=20.0, num_requests=200, input_len=300, output_len=50, prefix_len=200,
+                       num_prefixes=2, num_gpu_blocks_override=400, enable_prefix_caching=False)
+    plain = build_tables(simulate(replace(config, prefix_len=0, num_prefixes=1, input_len=500)))
+    off = build_tables(simulate(config))
+    for name in ("requests", "tokens", "steps"):
+        assert getattr(off, name).equals(getattr(plain, name)), name
+    on = build_tables(simulate(replace(config, enable_prefix_caching=True)))
+    assert on.steps.equals(plain.steps) is (policy == "static")
+
+
+@pytest.mark.parametrize("policy", ["chunked", "priority"])
+@settings(SETTINGS, max_examples=ENGINE_EXAMPLES)
+@given(data=st.data(), turns=st.integers(1, 2))
+def test_bulk_cache_is_the_block_by_block_one(policy: str, data: st.DataObject, turns: int) -> None:
+    """simulator.kv's KVBlocks (runs of blocks at once) against tests/kv_reference.py (one block at
+    a time, the rules as the module docstring says them): the same run, table for table."""
+    case = data.draw(cases(policy))
+    workload = replace(case.workload, content=data.draw(shared_prefixes(case.workload.prompt_tokens.tolist())))
+    if turns > 1:
+        if workload.arrival is not None:
+            workload = replace(workload, arrival=np.sort(workload.arrival))
+        workload = conversations(workload, turns, 0.0)
+    outcomes = []
+    for blocks in (KVBlocks, ReferenceKVBlocks):
+        try:
+            with pytest.MonkeyPatch.context() as patch:
+                patch.setattr(simulate_module, "KVBlocks", blocks)
+                result = simulate(case.config, workload)
+        except InputError as error:
+            outcomes.append(str(error))
+            continue
+        tables = build_tables(result)
+        outcomes.append((tables.requests, tables.steps, tables.tokens))
+        event("hits" if result.requests.cached_tokens.any() else "no hits")
+    if isinstance(outcomes[0], str):
+        assert outcomes[1] == outcomes[0]
+        return
+    for mine, theirs in zip(outcomes[0], outcomes[1], strict=True):
+        assert mine.equals(theirs)
+
+
+def test_report_draws_the_hit_rate_over_time(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The run page has a hit-rate panel for a run that queried the cache: the line ends at the
+    summary's hit rate, the windows' bars hold each span's own hits over queries; a run with the
+    cache off has neither the panel nor the summary row."""
+    from simulator.report import read_run_folder, write_report
+    from simulator.run_figures import HIT_RATE_WINDOWS, prefix_cache_figure
+
+    pages = {}
+    for flag in ("--enable-prefix-caching", "--no-enable-prefix-caching"):
+        out = tmp_path / flag
+        code, _, _ = simulate_cli(["--policy", "chunked", "--rate", "4", "--num-requests", "120", "--input-len", "256",
+                                   "--output-len", "32", "--prefix-len", "512", "--num-prefixes", "3", flag,
+                                   "--out", str(out), "--no-tokens", "--quiet"], capsys)
+        assert code == 0
+        pages[flag] = write_report(out, tmp_path / f"{flag}.html").read_text()
+    assert 'id="prefix_cache"' in pages["--enable-prefix-caching"] and "prefix cache hit rate" in pages[
+        "--enable-prefix-caching"]
+    assert 'id="prefix_cache"' not in pages["--no-enable-prefix-caching"]
+    assert "prefix cache hit rate" not in pages["--no-enable-prefix-caching"]
+    run = read_run_folder(tmp_path / "--enable-prefix-caching")
+    so_far, windows = prefix_cache_figure(run.steps).data
+    assert so_far.y[-1] == pytest.approx(run.summary["prefix_cache_hit_rate"] * 100)
+    queried = run.steps.filter(pl.col("prefix_cache_queried_tokens") > 0)
+    first = queried.filter(pl.col("start") < queried["start"][0] + (queried["start"][-1] - queried["start"][0])
+                           / HIT_RATE_WINDOWS)
+    assert windows.y[0] == pytest.approx(first["prefix_cache_hit_tokens"].sum()
+                                         / first["prefix_cache_queried_tokens"].sum() * 100)
