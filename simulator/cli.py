@@ -28,6 +28,7 @@ VERBS = {
     "calibrate": "calibration.measure:calibrate_command",
     "validate": "calibration.validate:validate_command",
     "report": "simulator.report:report_command",
+    "compare": "simulator.compare_command:compare_command",
 }
 """Each verb's command, as "module:attribute"."""
 
