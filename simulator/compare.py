@@ -123,14 +123,9 @@ def compare_points(points: list[MeasuredPoint], profiles: dict[str, str], seed: 
     return pl.DataFrame(rows, schema=ROW_SCHEMA)
 
 
-def with_deployment(point: MeasuredPoint, gpu: str, tensor_parallel_size: int, quantization: str | None,
-                    model: str | None) -> MeasuredPoint:
+def with_deployment(point: MeasuredPoint, gpu: str, tensor_parallel_size: int, quantization: str | None
+                    ) -> MeasuredPoint:
     """A vLLM result's deployment, which its file does not record, from the command line."""
-    if model is not None:
-        from simulator.model import load_model
-        load_model(model)
-        return replace(point, gpu=gpu, tensor_parallel_size=tensor_parallel_size, model=model, group=model,
-                       quantization=quantization)
     return replace(point, gpu=gpu, tensor_parallel_size=tensor_parallel_size,
                    quantization=quantization or point.quantization)
 

@@ -70,17 +70,21 @@ def compare_command(results: tuple[Path, ...], gpu: str | None, tensor_parallel_
     if kv_cache_dtype != "auto":
         raise InputError(f"--kv-cache-dtype {kv_cache_dtype} is not replayed: the measured servers ran the "
                          "model's own KV dtype")
+    if model is not None:
+        from simulator.model import load_model
+
+        load_model(model)
     if seed < 0:
         raise InputError(f"--seed must be an integer >= 0, got {seed}")
     if out is not None:
         check_writable(out, "--out")
     points = []
     for path in results:
-        for point in read_points(path):
+        for point in read_points(path, model):
             if not point.gpu:
                 if gpu is None:
                     raise InputError(f"{path.name} is a vLLM result, which does not record its GPU: give --gpu")
-                point = with_deployment(point, gpu, tensor_parallel_size, quantization, model)
+                point = with_deployment(point, gpu, tensor_parallel_size, quantization)
             points.append(point)
     rows = compare_points(points, profile_for(gpu), seed, Scheduler(max_num_batched_tokens, max_num_seqs))
     print_rows(rows)

@@ -34,9 +34,10 @@ CSV_COLUMNS = ("id", "backend", "backend_version", "model_path", "system", "prec
                "osl", "concurrency", "tp_size", "silicon_ttft_ms", "silicon_tpot_ms")
 STATS = ("mean", "median", "p99")
 METRICS = ("ttft", "tpot", "itl", "e2el")
-VLLM_REQUIRED = ("num_prompts", "request_rate", "burstiness", "max_concurrency", "completed", "total_input_tokens",
-                 "total_output_tokens", "request_throughput", "output_throughput",
-                 *(f"{stat}_{metric}_ms" for metric in METRICS for stat in STATS))
+VLLM_REQUIRED = ("model_id", "num_prompts", "request_rate", "burstiness", "max_concurrency", "completed",
+                 "total_input_tokens", "total_output_tokens", "request_throughput", "output_throughput")
+"""What every `vllm bench serve --save-result` file holds; of the latency statistics it holds those of
+`--percentile-metrics` (ttft, tpot, itl by default), and at least the TTFT's."""
 DETAIL = ("input_lens", "output_lens", "ttfts", "itls")
 
 
@@ -97,14 +98,15 @@ def positive_float(value: Any, name: str, where: str) -> float:
     return float(value)
 
 
-def read_points(path: Path) -> list[MeasuredPoint]:
-    """The points of one measured-results file: a silicon CSV or a vLLM result JSON."""
+def read_points(path: Path, model: str | None = None) -> list[MeasuredPoint]:
+    """The points of one measured-results file: a silicon CSV or a vLLM result JSON (whose model is
+    `model` if given, else its model_id's)."""
     if not path.is_file():
         raise InputError(f"no such result file {str(path)!r}")
     if path.suffix.lower() == ".csv":
         return read_silicon_csv(path)
     if path.suffix.lower() == ".json":
-        return [read_vllm_result(path)]
+        return [read_vllm_result(path, model)]
     raise InputError(f"{str(path)!r} is neither a measured-points CSV nor a vllm bench serve result JSON")
 
 
@@ -146,7 +148,8 @@ def _silicon_point(row: dict[str, str], where: str) -> MeasuredPoint:
 
 
 def read_vllm_result(path: Path, model: str | None = None) -> MeasuredPoint:
-    """A `vllm bench serve --save-result` file; with `--save-detailed`, each request's lengths."""
+    """A `vllm bench serve --save-result` file; with `--save-detailed`, each request's lengths. Its
+    model is `model` (a servesim model) if given, else its model_id's."""
     where = path.name
     try:
         data = json.loads(path.read_text())
@@ -157,10 +160,10 @@ def read_vllm_result(path: Path, model: str | None = None) -> MeasuredPoint:
     missing = [key for key in VLLM_REQUIRED if key not in data]
     if missing:
         raise InputError(f"{where} is not a whole vllm bench serve result: it lacks {', '.join(missing)}")
-    model_id = data.get("model_id")
+    model_id = data["model_id"]
     if not isinstance(model_id, str):
         raise InputError(f"{where}: model_id must be a string, got {model_id!r}")
-    model_name, quantization = map_model(model_id, where)
+    model_name, quantization = (model, None) if model is not None else map_model(model_id, where)
     rate_text = data["request_rate"]
     rate = math.inf if rate_text in ("inf", math.inf) else positive_float(rate_text, "request_rate", where)
     concurrency = data["max_concurrency"]
@@ -172,7 +175,10 @@ def read_vllm_result(path: Path, model: str | None = None) -> MeasuredPoint:
     completed = positive_int(data["completed"], "completed", where)
     num_prompts = positive_int(data["num_prompts"], "num_prompts", where)
     input_lens, output_lens = _lengths(data, where, completed)
-    measured = {f"{metric}_{stat}": _ms(data, f"{stat}_{metric}_ms", where) for metric in METRICS for stat in STATS}
+    if "mean_ttft_ms" not in data:
+        raise InputError(f"{where} is not a whole vllm bench serve result: it lacks mean_ttft_ms")
+    measured = {f"{metric}_{stat}": _ms(data, f"{stat}_{metric}_ms", where)
+                for metric in METRICS for stat in STATS if f"{stat}_{metric}_ms" in data}
     measured |= {key: positive_float(data[key], key, where) for key in ("request_throughput", "output_throughput")}
     return MeasuredPoint(
         name=where, group=model_name, model=model_name, gpu="", tensor_parallel_size=1, quantization=quantization,

@@ -80,8 +80,9 @@ def client_delays(client: ClientRun, num_requests: int, seed: int) -> np.ndarray
 
 
 def client_engine(client: ClientRun, delays: np.ndarray) -> Engine:
-    """An engine for `simulate`: warm-up, a barrier, then each client sends again on its reply;
-    request i reaches the engine `delays[i]` after its send."""
+    """An engine for `simulate`: warm-up, a barrier, then each client sends again on its reply (or,
+    for a workload with arrivals, each request sent at its arrival); request i reaches the engine
+    `delays[i]` after its send."""
 
     def engine(policy: Policy, cost: CostModel, kv_blocks: int, block_size: int, workload: Workload,
                time_limit: float | None) -> tuple[RequestColumns, StepLog, float]:
@@ -102,6 +103,8 @@ def client_engine(client: ClientRun, delays: np.ndarray) -> Engine:
             env.process(deliver(request, at + float(delays[i]) - env.now))
 
         def on_finish(request: Request, at: float) -> None:
+            if workload.arrival is not None:
+                return  # an open loop sends on its own clock
             if request.id < client.warmup:
                 warm_left[0] -= 1
                 if warm_left[0] == 0:
@@ -110,10 +113,18 @@ def client_engine(client: ClientRun, delays: np.ndarray) -> Engine:
             elif len(requests) < workload.num_requests:
                 send(at)
 
+        def open_loop(arrivals: list[float]) -> Process:
+            for at in arrivals:
+                if at > env.now:
+                    yield env.arrival_timeout(at - env.now)
+                send(at)
+
         server = Server(env, policy, cost, KVBlocks(kv_blocks, block_size), log, time_limit, on_finish=on_finish)
-        first = client.warmup if client.warmup else min(client.concurrency, client.measured)
-        for _ in range(first):
-            send(0.0)
+        if workload.arrival is not None:
+            env.process(open_loop(workload.arrival.tolist()))
+        else:
+            for _ in range(client.warmup if client.warmup else min(client.concurrency, client.measured)):
+                send(0.0)
         env.run(until=time_limit)
         server.close()
         return RequestColumns.from_requests(requests), log, env.now
