@@ -2,8 +2,9 @@
 
 Each point is rerun as its client ran it (`simulator.replay`): the chunked policy with vLLM serve's
 defaults on an H100-class GPU (8,192 batched tokens, 1,024 sequences: vLLM V1 always chunks
-prefills), the measured-kernel cost model on the point's GPU profile, with the profile's fitted
-host overhead and client time (`calibration/fit_host.py`) where it has them. The error of a
+prefills), the measured-kernel cost model on the point's GPU profile (by default the shipped one
+with vLLM's fitted host overhead, `default_profile`), with the profile's fitted client time
+(`calibration/fit_host.py`) where it has one. The error of a
 statistic is (simulated - measured) / measured.
 """
 
@@ -18,7 +19,7 @@ import polars as pl
 
 from simulator.config import DEFAULTS, RunConfig
 from simulator.errors import InputError
-from simulator.hardware import load_profile
+from simulator.hardware import available_gpus, load_profile
 from simulator.measured_points import MeasuredPoint
 from simulator.replay import ClientRun, Replay, replay_workload
 from workloads import Workload, synthetic_workload
@@ -38,6 +39,12 @@ ROW_SCHEMA = {"point": pl.String, "group": pl.String, "gpu": pl.String, "model":
               "rate": pl.Float64, "input_len": pl.Float64, "output_len": pl.Float64, "statistic": pl.String,
               "measured": pl.Float64, "simulated": pl.Float64, "error": pl.Float64}
 """One row per (point, statistic); times in seconds, throughputs per second."""
+
+
+def default_profile(system: str) -> str:
+    """The shipped profile a point measured on `system` reruns on: its vLLM-fitted one (`<system>_vllm`,
+    the host overhead `simulate fit` found for vLLM 0.12 serving) where shipped, else its own."""
+    return f"{system}_vllm" if f"{system}_vllm" in available_gpus() else system
 
 
 def client_time(gpu: str) -> float:
@@ -114,12 +121,12 @@ def compare_point(point: MeasuredPoint, gpu: str, seed: int = 0,
 
 def compare_points(points: list[MeasuredPoint], profiles: dict[str, str], seed: int = 0,
                    scheduler: Scheduler = DEFAULT_SCHEDULER) -> pl.DataFrame:
-    """Every point rerun on the profile its GPU maps to in `profiles` (else its own shipped one)."""
+    """Every point rerun on the profile its GPU maps to in `profiles` (else `default_profile`)."""
     rows: list[dict[str, Any]] = []
     for point in points:
         if not point.gpu:
             raise InputError(f"{point.name}: the result does not say its GPU; give --gpu")
-        rows += compare_point(point, profiles.get(point.gpu, point.gpu), seed, scheduler)
+        rows += compare_point(point, profiles.get(point.gpu, default_profile(point.gpu)), seed, scheduler)
     return pl.DataFrame(rows, schema=ROW_SCHEMA)
 
 

@@ -14,13 +14,17 @@ from simulator.errors import InputError
 from simulator.options import deployment_options, setting
 
 
-def profile_for(gpu: str | None) -> dict[str, str]:
+def profile_for(gpus: tuple[str, ...]) -> dict[str, str]:
     """--gpu as {GPU name: profile}: the rows measured on that GPU run on it."""
-    if gpu is None:
-        return {}
     from simulator.hardware import load_gpu
 
-    return {load_gpu(gpu).name: gpu}
+    mapped: dict[str, str] = {}
+    for gpu in gpus:
+        name = load_gpu(gpu).name
+        if name in mapped:
+            raise InputError(f"--gpu {gpu} and --gpu {mapped[name]} are both profiles of {name}: give one")
+        mapped[name] = gpu
+    return mapped
 
 
 def print_rows(rows: pl.DataFrame) -> None:
@@ -48,9 +52,10 @@ def print_rows(rows: pl.DataFrame) -> None:
 
 @click.command("compare")
 @click.argument("results", nargs=-1, required=True, type=click.Path(path_type=Path))
-@click.option("--gpu", default=None, help="Profile to rerun on: the GPU of a vLLM result (its file does not say), "
-                                          "and for a CSV the profile for the rows measured on its GPU (a fitted "
-                                          "profile) [default: each row's shipped profile].")
+@click.option("--gpu", multiple=True, help="Profile to rerun on (repeat for several GPUs): the first is the GPU of "
+                                            "a vLLM result (its file does not say); for a CSV, the rows measured on "
+                                            "a profile's GPU run on it [default: each row's shipped vLLM-fitted "
+                                            "profile, <gpu>_vllm].")
 @deployment_options
 @click.option("--model", default=None, help="A vLLM result's model, if its model_id names none servesim knows.")
 @setting("max_num_batched_tokens", type=int, help="The servers' token budget per step (vLLM's default on an "
@@ -59,9 +64,9 @@ def print_rows(rows: pl.DataFrame) -> None:
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of arrivals and client times.")
 @click.option("--out", type=click.Path(path_type=Path), default=None,
               help="Write the rows (one per point and statistic) as Parquet here [default: none].")
-def compare_command(results: tuple[Path, ...], gpu: str | None, tensor_parallel_size: int, quantization: str | None,
-                    kv_cache_dtype: str, model: str | None, max_num_batched_tokens: int, max_num_seqs: int, seed: int,
-                    out: Path | None) -> None:
+def compare_command(results: tuple[Path, ...], gpu: tuple[str, ...], tensor_parallel_size: int,
+                    quantization: str | None, kv_cache_dtype: str, model: str | None, max_num_batched_tokens: int,
+                    max_num_seqs: int, seed: int, out: Path | None) -> None:
     """Rerun measured results (vLLM bench serve JSON, silicon CSV) and print measured against simulated."""
     from simulator.compare import Scheduler, compare_points, summary, with_deployment
     from simulator.measured_points import read_points
@@ -82,9 +87,9 @@ def compare_command(results: tuple[Path, ...], gpu: str | None, tensor_parallel_
     for path in results:
         for point in read_points(path, model):
             if not point.gpu:
-                if gpu is None:
+                if not gpu:
                     raise InputError(f"{path.name} is a vLLM result, which does not record its GPU: give --gpu")
-                point = with_deployment(point, gpu, tensor_parallel_size, quantization)
+                point = with_deployment(point, gpu[0], tensor_parallel_size, quantization)
             points.append(point)
     rows = compare_points(points, profile_for(gpu), seed, Scheduler(max_num_batched_tokens, max_num_seqs))
     print_rows(rows)
@@ -93,6 +98,6 @@ def compare_command(results: tuple[Path, ...], gpu: str | None, tensor_parallel_
     for r in table.iter_rows(named=True):
         click.echo(f"  {r['group']:<24}{r['statistic']:<22}{r['median_abs_error']:>8.1%}  ({r['points']} points)")
     if out is not None:
-        write_parquet(rows, out, {"results": [str(p) for p in results], "gpu": gpu, "seed": seed,
+        write_parquet(rows, out, {"results": [str(p) for p in results], "gpu": list(gpu), "seed": seed,
                                   "max_num_batched_tokens": max_num_batched_tokens, "max_num_seqs": max_num_seqs})
         click.echo(f"wrote {out}")
