@@ -27,7 +27,7 @@ from __future__ import annotations
 import json
 import shutil
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -56,7 +56,8 @@ def write_profile(base: Path, out: Path, values: dict[str, float], fit: dict[str
     """`base`'s profile with the host-overhead terms set to `values`; `fit` recorded in profile.json."""
     if out.exists() and any(out.iterdir()):
         raise InputError(f"--out {str(out)!r} already exists and is not an empty folder")
-    scratch = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent if out.parent.exists() else None))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
         for path in base.iterdir():
             if path.is_file():
@@ -74,7 +75,6 @@ def write_profile(base: Path, out: Path, values: dict[str, float], fit: dict[str
                     f"{on.get('tensor_parallel_sizes')}); values, units and residuals in host_overhead_fit")
             meta["families"] |= dict.fromkeys(TERMS[:3], said)
         (scratch / "profile.json").write_text(json.dumps(meta, indent=2) + "\n")
-        out.parent.mkdir(parents=True, exist_ok=True)
         if out.exists():
             out.rmdir()
         scratch.rename(out)
@@ -142,7 +142,8 @@ def median_errors(residuals: pl.DataFrame) -> dict[str, dict[str, float]]:
 @click.command("fit")
 @click.argument("results", nargs=-1, required=True, type=click.Path(path_type=Path))
 @click.option("--gpu", required=True, help="The profile to fit (shipped name or folder); the points measured on "
-                                           "its GPU are used.")
+                                           "its GPU are used (a vLLM result, which does not say, counts as its "
+                                           "GPU's at TP 1).")
 @click.option("--out", type=click.Path(path_type=Path), required=True, help="Folder of the fitted profile.")
 @click.option("--fit-tp", "fit_tp", type=int, multiple=True,
               help="Fit on the points of these tensor parallel sizes only and report the others as held out "
@@ -161,7 +162,9 @@ def fit_command(results: tuple[Path, ...], gpu: str, out: Path, fit_tp: tuple[in
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise InputError(f"--out {str(out)!r} already exists and is not an empty folder")
     wanted = None if quantization == "none" else quantization
-    points = [p for path in results for p in read_points(path) if p.gpu == name and p.quantization == wanted]
+    # A vLLM result does not record its GPU: it is taken as measured on --gpu's, at TP 1.
+    points = [replace(p, gpu=p.gpu or name) for path in results for p in read_points(path)]
+    points = [p for p in points if p.gpu == name and p.quantization == wanted]
     if not points:
         raise InputError(f"no point of {', '.join(str(r) for r in results)} was measured on {name} with "
                          f"--quantization {quantization}")

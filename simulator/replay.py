@@ -13,8 +13,9 @@ Two things a closed loop of real clients does that `simulate --concurrency` does
   request, seconds, counted in the client's TTFT and E2EL; each request's draw is exponential
   (one parameter, the least that says it varies), seeded. With no variation at all, clients that
   start together with equal lengths stay in lockstep forever (every wave admitted in the same
-  steps); any spread breaks the waves, because a request that reaches an idle or mid-step engine
-  first is admitted a step before the rest and finishes before them from then on.
+  steps). A spread splits a wave only where it straddles a step boundary: requests that arrive
+  within the step under way are all admitted in the next one, so spreads shorter than a decode
+  step leave the waves whole (the README's sim-to-real section has the measurements).
 """
 
 from __future__ import annotations

@@ -98,3 +98,17 @@ def test_the_shipped_fit_holds_on_the_rows_it_did_not_see(tmp_path: Path) -> Non
     median = dict(errors.iter_rows())
     assert median["tpot_mean"] <= 0.05
     assert median["ttft_mean"] <= 0.50  # the target is 12%: not reached, see the README
+
+
+def test_a_vllm_result_is_fitted_as_measured_on_the_profiles_gpu(tmp_path: Path,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    from test_compare_vllm import vllm_result
+
+    path = tmp_path / "result.json"
+    path.write_text(json.dumps(vllm_result()))
+    code, out, err = outcome(["fit", str(path), "--gpu", "h100_sxm", "--out", str(tmp_path / "nested" / "fitted")],
+                             capsys)
+    assert code == 0 and "fitting 1 points (0 held out)" in out, err
+    fit = json.loads((tmp_path / "nested" / "fitted" / "profile.json").read_text())["host_overhead_fit"]
+    assert [r["statistic"] for r in fit["residuals"]] == ["ttft_mean", "tpot_mean"]
+    assert fit["residuals"][1]["measured"] == pytest.approx(0.009)
