@@ -199,6 +199,8 @@ def describe_fit(fit: dict[str, Any]) -> list[str]:
              f"({on['weights']} weights, tensor parallel {on['tensor_parallel_sizes']}, "
              f"on {', '.join(on['statistics'])}):"]
     lines += [f"  {term:<24}{fit['values'][term] * 1e6:>12.3f} us  ({fit['units'][term]})" for term in TERMS]
+    if "note" in fit:
+        lines.append(f"  note: {fit['note']}")
     for part, errors in fit["median_abs_error"].items():
         lines.append(f"  median |error| {part:<9}" + "  ".join(f"{s} {e:.1%}" for s, e in errors.items()))
     lines.append(f"  {'point':<46}{'TP':>3}{'statistic':>11}{'measured ms':>13}{'fitted ms':>11}{'error':>9}")
