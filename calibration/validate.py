@@ -7,7 +7,8 @@ is (predicted - measured) / measured. Then Llama-3.1-8B's decode steps at 2,300-
 2,000-token prefill on the profile, against the chapter's numbers (a bf16 server on one H100; other
 deployment settings show how far they move it). Last, Llama-3.1-8B's batch-1 decode step against
 the single-request ITL lines vLLM's fp8-KV blog measured on an H100 (../shared/reference/serving/
-vllm_blog_fp8_kv_h100.csv), for the KV dtype asked for.
+vllm_blog_fp8_kv_h100.csv), for the KV dtype asked for. A profile whose host overhead `simulate fit`
+fitted shows first the fitted terms, the data they were fitted on and every residual.
 """
 
 from __future__ import annotations
@@ -89,6 +90,11 @@ def validate_command(gpu: str, tensor_parallel_size: int, quantization: str | No
                          "validate (`simulate calibrate` measures them)")
     config = RunConfig(gpu=gpu, cost="measured", tensor_parallel_size=tensor_parallel_size,
                        quantization=quantization, kv_cache_dtype=kv_cache_dtype)
+    fit = load_profile(gpu).meta.get("host_overhead_fit")
+    if isinstance(fit, dict):
+        from calibration.fit_host import describe_fit
+
+        click.echo("\n".join(describe_fit(fit)) + "\n")
     passes = validation_errors(gpu)
     if passes.height:
         meta = load_profile(gpu).meta

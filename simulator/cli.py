@@ -28,6 +28,8 @@ VERBS = {
     "calibrate": "calibration.measure:calibrate_command",
     "validate": "calibration.validate:validate_command",
     "report": "simulator.report:report_command",
+    "compare": "simulator.compare_command:compare_command",
+    "fit": "calibration.fit_host:fit_command",
 }
 """Each verb's command, as "module:attribute"."""
 

@@ -1,4 +1,5 @@
-"""`simulate report`: one self-contained HTML page of plotly figures for a run folder or a sweep file.
+"""`simulate report`: one self-contained HTML page of plotly figures for a run folder, a sweep file,
+or a `simulate compare --out` file (predicted against measured, `simulator.compare_figures`).
 
 A run's page opens with the verdict (kept up, OVERLOADED, too short to tell, nothing completed) and
 the summary as tables, then its figures (`simulator.run_figures`). A run folder is untrusted input:
@@ -215,7 +216,8 @@ def run_header(folder: Path, run: RunFolder, drawn: list[str]) -> str:
 
 
 def write_report(source: Path, out: Path | None = None) -> Path:
-    """The report of a run folder or a sweep file; returns the page written."""
+    """The report of a run folder, a sweep file or a `simulate compare --out` file; returns the page written."""
+    from simulator.compare_figures import compare_figures, compare_notes, is_compare_file, read_compare_file
     from simulator.figures import sweep_figures, sweep_notes, write_page
     from simulator.run_figures import run_figures
 
@@ -227,6 +229,10 @@ def write_report(source: Path, out: Path | None = None) -> Path:
         figures = run_figures(run.requests, run.steps, run.tokens, run.summary["kv_blocks"])
         out = out or source / "report.html"
         write_page(out, f"servesim run {source.name}", run_header(source, run, list(figures)), figures, subject)
+    elif is_compare_file(source):
+        compared = read_compare_file(source)
+        out = out or source.with_suffix(".html")
+        write_page(out, f"servesim compare {source.name}", compare_notes(compared), compare_figures(compared), subject)
     else:
         rows, figures = sweep_figures(source)
         out = out or source.with_suffix(".html")
@@ -237,10 +243,10 @@ def write_report(source: Path, out: Path | None = None) -> Path:
 @click.command("report")
 @click.argument("path", type=click.Path(path_type=Path))
 @click.option("--out", type=click.Path(path_type=Path), default=None,
-              help="HTML file [default: report.html in a run folder, FILE.html beside a sweep file].")
+              help="HTML file [default: report.html in a run folder, FILE.html beside a sweep or compare file].")
 @click.option("--open", "open_page", is_flag=True, help="Open the page in a browser.")
 def report_command(path: Path, out: Path | None, open_page: bool) -> None:
-    """One self-contained HTML page of figures for a run folder or a sweep file."""
+    """One self-contained HTML page of figures for a run folder, a sweep file or a compare file."""
     page = write_report(path, out)
     click.echo(f"wrote {page}")
     if open_page:

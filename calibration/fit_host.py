@@ -1,0 +1,211 @@
+"""`simulate fit`: the host-overhead terms of a GPU profile fitted by least squares to measured
+serving results, over servesim's own predictions of them.
+
+The terms (seconds, all >= 0) are those the cost models add to every step (`simulator.cost.roofline.
+host_overhead`): `step_overhead` per step, `per_sequence_overhead` per sequence in the step,
+`per_token_overhead` per token computed in it; and `client_time`, the mean per-request time outside
+the engine that a client's TTFT counts (`simulator.replay`).
+
+The fit is Gauss-Newton on the simulator: each round reruns every fitted point with the current
+terms, and takes the derivatives from the run itself. A request's TTFT is the sum of the steps
+under it, so d TTFT / d step_overhead is the number of those steps, d TTFT / d per_sequence_overhead
+the sequences in them, d TTFT / d per_token_overhead their tokens, and d TTFT / d client_time is 1;
+TPOT likewise over its decode steps, per output token. The relative residuals (simulated -
+measured) / measured, linearised so, are solved with bounds >= 0 (scipy's `lsq_linear`), and the
+round's terms rerun; rounds stop when the terms move by less than 1% of their value (or 1 ns) or
+after `ROUNDS`.
+
+Each term is fitted to the measurement that observes it: the three per-step terms to the points'
+mean TPOT (a request's TPOT is the mean length of the steps it decodes in, so it measures step
+time directly), `client_time` to their mean TTFT. A TTFT is mostly waiting: how prompts batch
+into steps (closed-loop waves, see `simulator.replay`) decides it more than any step's host time,
+and fitting step terms to it would let a scheduling miss pass for negative host time.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import click
+import numpy as np
+import polars as pl
+
+from simulator.errors import InputError
+
+TERMS = ("step_overhead", "per_sequence_overhead", "per_token_overhead", "client_time")
+UNITS = {"step_overhead": "s per step", "per_sequence_overhead": "s per sequence in a step",
+         "per_token_overhead": "s per token computed in a step", "client_time": "s per request (mean)"}
+FITTED_STATISTICS = ("ttft_mean", "tpot_mean")
+ROUNDS = 6
+
+
+@dataclass(frozen=True)
+class Fit:
+    values: dict[str, float]
+    residuals: pl.DataFrame
+    """One row per point and statistic: measured, simulated with the fitted terms, error, held_out."""
+    rounds: int
+
+
+def write_profile(base: Path, out: Path, values: dict[str, float], fit: dict[str, Any] | None) -> None:
+    """`base`'s profile with the host-overhead terms set to `values`; `fit` recorded in profile.json."""
+    if out.exists() and any(out.iterdir()):
+        raise InputError(f"--out {str(out)!r} already exists and is not an empty folder")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        for path in base.iterdir():
+            if path.is_file():
+                shutil.copy2(path, scratch / path.name)
+        roofline = json.loads((base / "roofline.json").read_text())
+        roofline |= {name: values[name] for name in TERMS[:3]}
+        (scratch / "roofline.json").write_text(json.dumps(roofline, indent=2) + "\n")
+        meta = json.loads((base / "profile.json").read_text())
+        meta["step_overhead"] = values["step_overhead"]
+        if fit is not None:
+            meta["host_overhead_fit"] = fit
+            on = fit["fitted_on"]
+            said = (f"fitted by `simulate fit` (calibration/fit_host.py) to the mean TPOT of {on['points']} measured "
+                    f"points of {', '.join(on['files'])} ({on.get('weights')} weights, tensor parallel "
+                    f"{on.get('tensor_parallel_sizes')}); values, units and residuals in host_overhead_fit")
+            meta["families"] |= dict.fromkeys(TERMS[:3], said)
+        (scratch / "profile.json").write_text(json.dumps(meta, indent=2) + "\n")
+        if out.exists():
+            out.rmdir()
+        scratch.rename(out)
+    finally:
+        if scratch.exists():
+            shutil.rmtree(scratch)
+
+
+def _run(points: list[Any], base: Path, values: dict[str, float], work: Path, round_: int
+         ) -> tuple[pl.DataFrame, np.ndarray]:
+    """Every point rerun with `values`: its residual rows and, per fitted statistic, d/d terms."""
+    from simulator.compare import rerun, simulated_statistics
+
+    folder = work / f"round{round_}"
+    write_profile(base, folder, values, {"values": values, "fitted_on": {"files": ["a round"], "points": len(points)}})
+    rows, jacobian = [], []
+    for point in points:
+        replay = rerun(point, str(folder))
+        simulated = simulated_statistics(replay, set(FITTED_STATISTICS))
+        # TTFT observes the client time only, TPOT the per-step terms only (module docstring).
+        slopes = {"ttft_mean": np.array([0.0, 0.0, 0.0, 1.0]),
+                  "tpot_mean": np.append(np.nanmean(replay.tpot_sums, axis=0), 0.0)}
+        for statistic in FITTED_STATISTICS:
+            if statistic in point.measured:
+                measured = point.measured[statistic]
+                rows.append({"point": point.name, "tensor_parallel_size": point.tensor_parallel_size,
+                             "statistic": statistic, "measured": measured, "simulated": simulated[statistic],
+                             "error": (simulated[statistic] - measured) / measured})
+                jacobian.append(slopes[statistic] / measured)
+    return pl.DataFrame(rows), np.array(jacobian)
+
+
+def fit_terms(points: list[Any], held_out: list[Any], base: Path) -> Fit:
+    """Least squares of the terms over `points`; `held_out` rerun with the result, not fitted."""
+    from scipy.optimize import lsq_linear
+
+    values = dict.fromkeys(TERMS, 0.0)
+    with tempfile.TemporaryDirectory(prefix="servesim-fit-") as work:
+        for round_ in range(ROUNDS):
+            rows, jacobian = _run(points, base, values, Path(work), round_)
+            theta = np.array([values[name] for name in TERMS])
+            solved = lsq_linear(jacobian, jacobian @ theta - rows["error"].to_numpy(), bounds=(0, np.inf)).x
+            moved = np.abs(solved - theta) > np.maximum(0.01 * np.abs(theta), 1e-9)
+            values = dict(zip(TERMS, (float(v) for v in solved), strict=True))
+            if not moved.any():
+                break
+        values = {name: round(value, 10) for name, value in values.items()}  # 0.1 ns: lsq_linear leaves 1e-300s
+        fitted, _ = _run(points, base, values, Path(work), ROUNDS)
+        others = _run(held_out, base, values, Path(work), ROUNDS + 1)[0] if held_out else fitted.clear()
+    residuals = pl.concat([fitted.with_columns(held_out=pl.lit(False)), others.with_columns(held_out=pl.lit(True))])
+    return Fit(values, residuals, round_ + 1)
+
+
+def median_errors(residuals: pl.DataFrame) -> dict[str, dict[str, float]]:
+    """Median |error| per statistic, of the fitted and of the held-out points."""
+    table: dict[str, dict[str, float]] = {}
+    for held, name in ((False, "fitted"), (True, "held_out")):
+        part = residuals.filter(pl.col("held_out") == held)
+        if part.height:
+            table[name] = {statistic: float(np.median(np.abs(part.filter(pl.col("statistic") == statistic)["error"])))
+                           for statistic in FITTED_STATISTICS}
+    return table
+
+
+@click.command("fit")
+@click.argument("results", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.option("--gpu", required=True, help="The profile to fit (shipped name or folder); the points measured on "
+                                           "its GPU are used (a vLLM result, which does not say, counts as its "
+                                           "GPU's at TP 1).")
+@click.option("--out", type=click.Path(path_type=Path), required=True, help="Folder of the fitted profile.")
+@click.option("--fit-tp", "fit_tp", type=int, multiple=True,
+              help="Fit on the points of these tensor parallel sizes only and report the others as held out "
+                   "(repeat: --fit-tp 2 --fit-tp 8) [default: fit on all].")
+@click.option("--quantization", type=click.Choice(["none", "fp8"]), default="none", show_default=True,
+              help="The weight dtype of the points used: none (bf16) or fp8.")
+def fit_command(results: tuple[Path, ...], gpu: str, out: Path, fit_tp: tuple[int, ...], quantization: str) -> None:
+    """Fit a profile's host overhead to measured results by least squares and write the profile."""
+    from simulator.hardware import load_gpu, profile_dir
+    from simulator.measured_points import read_points
+    from simulator.outputs import check_writable
+
+    base = profile_dir(gpu)
+    name = load_gpu(gpu).name
+    check_writable(out, "--out", inside=True)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise InputError(f"--out {str(out)!r} already exists and is not an empty folder")
+    wanted = None if quantization == "none" else quantization
+    # A vLLM result does not record its GPU: it is taken as measured on --gpu's, at TP 1.
+    points = [replace(p, gpu=p.gpu or name) for path in results for p in read_points(path)]
+    points = [p for p in points if p.gpu == name and p.quantization == wanted]
+    if not points:
+        raise InputError(f"no point of {', '.join(str(r) for r in results)} was measured on {name} with "
+                         f"--quantization {quantization}")
+    fitted = [p for p in points if not fit_tp or p.tensor_parallel_size in fit_tp]
+    held_out = [p for p in points if p not in fitted]
+    if not fitted:
+        raise InputError(f"--fit-tp {' '.join(map(str, fit_tp))}: no point has that tensor parallel size")
+    click.echo(f"fitting {len(fitted)} points ({len(held_out)} held out) on {name}...")
+    fit = fit_terms(fitted, held_out, base)
+    record = {
+        "values": fit.values, "units": UNITS,
+        "fitted_on": {"files": [str(r) for r in results], "points": len(fitted), "gpu": name,
+                      "weights": "bf16" if quantization == "none" else quantization,
+                      "tensor_parallel_sizes": sorted(set(fit_tp)) or "all", "statistics": list(FITTED_STATISTICS)},
+        "method": "Gauss-Newton on servesim's reruns, relative residuals, terms >= 0 (calibration/fit_host.py), "
+                  f"{fit.rounds} rounds",
+        "median_abs_error": median_errors(fit.residuals),
+        "residuals": fit.residuals.to_dicts(),
+    }
+    write_profile(base, out, fit.values, record)
+    for term in TERMS:
+        click.echo(f"  {term:<24}{fit.values[term] * 1e6:>12.2f} us  ({UNITS[term]})")
+    for part, errors in record["median_abs_error"].items():  # type: ignore[attr-defined]
+        click.echo(f"  median |error| {part:<9}" + "  ".join(f"{s} {e:.1%}" for s, e in errors.items()))
+    click.echo(f"wrote {out}")
+
+
+def describe_fit(fit: dict[str, Any]) -> list[str]:
+    """A profile's `host_overhead_fit` as `simulate validate` prints it: terms, data, residuals."""
+    on = fit["fitted_on"]
+    lines = [f"host overhead fitted by `simulate fit` on {on['points']} points of {', '.join(on['files'])} "
+             f"({on['weights']} weights, tensor parallel {on['tensor_parallel_sizes']}, "
+             f"on {', '.join(on['statistics'])}):"]
+    lines += [f"  {term:<24}{fit['values'][term] * 1e6:>12.3f} us  ({fit['units'][term]})" for term in TERMS]
+    if "note" in fit:
+        lines.append(f"  note: {fit['note']}")
+    for part, errors in fit["median_abs_error"].items():
+        lines.append(f"  median |error| {part:<9}" + "  ".join(f"{s} {e:.1%}" for s, e in errors.items()))
+    lines.append(f"  {'point':<46}{'TP':>3}{'statistic':>11}{'measured ms':>13}{'fitted ms':>11}{'error':>9}")
+    for r in fit["residuals"]:
+        lines.append(f"  {str(r['point'])[-45:]:<46}{r['tensor_parallel_size']:>3}{r['statistic']:>11}"
+                     f"{r['measured'] * 1e3:>13.2f}{r['simulated'] * 1e3:>11.2f}{r['error']:>+9.1%}"
+                     + ("  held out" if r["held_out"] else ""))
+    return lines

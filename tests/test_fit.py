@@ -1,0 +1,114 @@
+"""`simulate fit`: least squares of the host-overhead terms over servesim's reruns; the profile it
+writes loads in `simulate --gpu` and `validate` shows its residuals; the shipped vLLM-fitted H100
+profile holds its bound on the rows held out of its fit."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import polars as pl
+import pytest
+from test_compare import ROW, SILICON, needs_silicon, outcome, write_csv
+
+from calibration.fit_host import write_profile
+from simulator.compare import compare_points
+from simulator.hardware import load_gpu, profile_dir
+from simulator.measured_points import read_points
+
+TRUTH = {"step_overhead": 1.5e-3, "per_sequence_overhead": 40e-6, "per_token_overhead": 0.0, "client_time": 0.0}
+
+
+def points_csv(tmp_path: Path) -> Path:
+    rows = [ROW | {"id": f"p{i}", "isl": str(isl), "osl": str(osl), "concurrency": str(c), "tp_size": str(tp)}
+            for i, (isl, osl, c, tp) in enumerate([(1024, 64, 4, 2), (512, 64, 16, 8), (2048, 32, 8, 2),
+                                                    (1024, 64, 32, 8), (1024, 64, 8, 4)])]
+    return write_csv(tmp_path / "points.csv", *rows)
+
+
+def test_the_fit_recovers_terms_it_did_not_see(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # "Measured" = servesim's own reruns on a profile with known host overhead; fitted from zero on
+    # the plain profile, the terms must come back, and the held-out TP 4 point must match.
+    truth = tmp_path / "truth"
+    write_profile(profile_dir("h100_sxm"), truth, TRUTH, {"values": TRUTH, "fitted_on": {"files": ["t"], "points": 0}})
+    points = read_points(points_csv(tmp_path))
+    rows = compare_points(points, {"h100_sxm": str(truth)})
+    simulated = {(r["point"], r["statistic"]): r["simulated"] for r in rows.iter_rows(named=True)}
+    measured = [ROW | {"id": p.name, "isl": str(p.input_lens[0]), "osl": str(p.output_lens[0]),
+                       "concurrency": str(p.concurrency), "tp_size": str(p.tensor_parallel_size),
+                       "silicon_ttft_ms": str(simulated[(p.name, "ttft_mean")] * 1e3),
+                       "silicon_tpot_ms": str(simulated[(p.name, "tpot_mean")] * 1e3)} for p in points]
+    data = write_csv(tmp_path / "measured.csv", *measured)
+    code, out, err = outcome(["fit", str(data), "--gpu", "h100_sxm", "--fit-tp", "2", "--fit-tp", "8",
+                              "--out", str(tmp_path / "fitted")], capsys)
+    assert code == 0, err
+    assert "fitting 4 points (1 held out)" in out and "wrote" in out
+    fit = json.loads((tmp_path / "fitted" / "profile.json").read_text())["host_overhead_fit"]
+    assert fit["values"]["step_overhead"] == pytest.approx(TRUTH["step_overhead"], rel=0.05)
+    assert fit["values"]["per_sequence_overhead"] == pytest.approx(TRUTH["per_sequence_overhead"], rel=0.15)
+    assert fit["values"]["per_token_overhead"] < 2e-8
+    assert fit["median_abs_error"]["held_out"]["tpot_mean"] < 0.01
+    assert {r["point"] for r in fit["residuals"] if r["held_out"]} == {"p4"}
+
+
+def test_a_fitted_profile_loads_in_a_run_and_validate_shows_its_residuals(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "fitted"
+    code, _, err = outcome(["fit", str(points_csv(tmp_path)), "--gpu", "h100_sxm", "--out", str(out)], capsys)
+    assert code == 0, err
+    values = json.loads((out / "profile.json").read_text())["host_overhead_fit"]["values"]
+    spec = load_gpu(str(out))
+    assert (spec.step_overhead, spec.per_sequence_overhead) == (values["step_overhead"],
+                                                               values["per_sequence_overhead"])
+    code, printed, err = outcome(["run", "--gpu", str(out), "--cost", "measured", "--num-requests", "5",
+                                  "--out", str(tmp_path / "run")], capsys)
+    assert code == 0, err
+    code, printed, err = outcome(["validate", "--gpu", str(out)], capsys)
+    assert code == 0, err
+    assert "host overhead fitted by `simulate fit` on 5 points" in printed
+    assert printed.count("tpot_mean") >= 5 and "per_sequence_overhead" in printed
+
+
+@pytest.mark.parametrize(("args", "named"), [
+    (["--gpu", "h200_sxm"], "no point"),
+    (["--gpu", "h100_sxm", "--fit-tp", "3"], "--fit-tp 3"),
+    (["--gpu", "b300"], "'b300'"),
+])
+def test_fit_refuses_what_it_cannot_fit(tmp_path: Path, capsys: pytest.CaptureFixture[str], args: list[str],
+                                       named: str) -> None:
+    code, _, err = outcome(["fit", str(points_csv(tmp_path)), *args, "--out", str(tmp_path / "f")], capsys)
+    assert code == 2 and named in err and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "f").exists()
+
+
+@needs_silicon
+def test_the_shipped_fit_holds_on_the_rows_it_did_not_see(tmp_path: Path) -> None:
+    # h100_sxm_vllm was fitted on the TP 2 and TP 8 bf16 rows (its profile.json says so); the TP 4
+    # rows are held out. Reached when fitted (README): TPOT 2.7%, TTFT 47.5% median |error|.
+    fit = json.loads((profile_dir("h100_sxm_vllm") / "profile.json").read_text())["host_overhead_fit"]
+    assert fit["fitted_on"]["tensor_parallel_sizes"] == [2, 8]
+    with SILICON.open() as file:
+        held = [row for row in csv.DictReader(file) if row["tp_size"] == "4" and row["precision"] == ""
+                and row["system"] == "h100_sxm"]
+    points = read_points(write_csv(tmp_path / "held.csv", *held))
+    rows = compare_points(points, {})  # the default profile: h100_sxm_vllm
+    assert set(rows["gpu"]) == {"h100_sxm_vllm"} and rows["point"].n_unique() == 30
+    errors = rows.group_by("statistic").agg(pl.col("error").abs().median())
+    median = dict(errors.iter_rows())
+    assert median["tpot_mean"] <= 0.05
+    assert median["ttft_mean"] <= 0.50  # the target is 12%: not reached, see the README
+
+
+def test_a_vllm_result_is_fitted_as_measured_on_the_profiles_gpu(tmp_path: Path,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    from test_compare_vllm import vllm_result
+
+    path = tmp_path / "result.json"
+    path.write_text(json.dumps(vllm_result()))
+    code, out, err = outcome(["fit", str(path), "--gpu", "h100_sxm", "--out", str(tmp_path / "nested" / "fitted")],
+                             capsys)
+    assert code == 0 and "fitting 1 points (0 held out)" in out, err
+    fit = json.loads((tmp_path / "nested" / "fitted" / "profile.json").read_text())["host_overhead_fit"]
+    assert [r["statistic"] for r in fit["residuals"]] == ["ttft_mean", "tpot_mean"]
+    assert fit["residuals"][1]["measured"] == pytest.approx(0.009)
