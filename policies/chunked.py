@@ -22,6 +22,7 @@ class ChunkedPrefill:
     max_num_batched_tokens: int
     long_prefill_token_threshold: int = 0
     scheduling: Scheduling = "fcfs"
+    prefix_hits: bool = True
 
     def _chunk(self, request: Request, budget: int) -> int:
         n = request.num_pending

@@ -21,6 +21,7 @@ class ContinuousBatching:
     max_num_seqs: int
     max_num_batched_tokens: int
     scheduling: Scheduling = "fcfs"
+    prefix_hits: bool = True
 
     def __call__(self, view: View) -> Step:
         prefill: dict[Request, int] = {}

@@ -22,6 +22,7 @@ class StaticBatching:
     max_batch_size: int
     max_queue_delay: float
     scheduling: Scheduling = "fcfs"
+    prefix_hits: bool = False  # every row is computed padded to the longest prompt, whole
 
     def __call__(self, view: View) -> Step:
         if view.num_running:

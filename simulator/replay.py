@@ -86,7 +86,7 @@ def client_engine(client: ClientRun, delays: np.ndarray) -> Engine:
     `delays[i]` after its send."""
 
     def engine(policy: Policy, cost: CostModel, kv_blocks: int, block_size: int, workload: Workload,
-               time_limit: float | None) -> tuple[RequestColumns, StepLog, float]:
+               time_limit: float | None, prefix_caching: bool = False) -> tuple[RequestColumns, StepLog, float]:
         env = Clock()
         log = StepLog()
         requests: list[Request] = []
@@ -120,7 +120,8 @@ def client_engine(client: ClientRun, delays: np.ndarray) -> Engine:
                     yield env.arrival_timeout(at - env.now)
                 send(at)
 
-        server = Server(env, policy, cost, KVBlocks(kv_blocks, block_size), log, time_limit, on_finish=on_finish)
+        kv = KVBlocks(kv_blocks, block_size, prefix_caching)
+        server = Server(env, policy, cost, kv, log, time_limit, on_finish=on_finish)
         if workload.arrival is not None:
             env.process(open_loop(workload.arrival.tolist()))
         else:

@@ -138,8 +138,7 @@ def simulate(config: RunConfig, workload: Workload | None = None, cost: CostMode
     kv_blocks = kv_cache_blocks(config, model, gpu, int(workload.prompt_tokens.max()))
     check_fits(workload, config, model, kv_blocks)
     cost = cost or build_cost_model(config, model, gpu)
-    # Static batching pads every row to the longest prompt and computes it whole: no prefix hits.
-    caching = config.enable_prefix_caching and workload.content is not None and config.policy != "static"
+    caching = config.enable_prefix_caching and workload.content is not None and policy.prefix_hits
     if engine is not None:
         requests, log, end_time = engine(policy, cost, kv_blocks, config.block_size, workload, config.time_limit,
                                          prefix_caching=caching)

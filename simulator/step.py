@@ -106,6 +106,12 @@ class Policy(Protocol):
     def scheduling(self) -> Scheduling:
         """Which waiting-queue and preemption order the engine keeps for it (simulator.queues)."""
 
+    @property
+    def prefix_hits(self) -> bool:
+        """May its admissions start after a cached prefix (`simulator.kv`)? A policy that computes
+        every prompt whole (a padded batch, each row as long as the longest) says no, and the run
+        then keeps no prefix cache."""
+
     def __call__(self, view: View) -> Step: ...
 
     def max_step_tokens(self, longest_prompt: int) -> int:
