@@ -7,6 +7,11 @@ vLLM's P/D connectors send it with `max_tokens=1`), then the decode pool's route
 the KV crosses the prefill server's link (`simulator.transfer`), and the request waits in that
 decode server's queue, holding no KV there, until the decode server's policy admits it with its
 one pending token (it computes the first token's KV and emits the second) when its KV has room.
+The client has the first token when the transfer ends (vLLM's proxy streams the decode side), so
+a request's `first_token` is then: TTFT = queue + prefill + wait for the link + transfer, each a
+column (`scheduled`, `prefill_end`, `transfer_start`, `transfer_end`). The tokens table and ITLs
+time every token when it was computed, the first one at the prefill step's end. The prefill server
+frees the request's KV when its prefill ends (the transfer, well under a step, is not held there).
 
 What another process can see, and so when a server must stop and wait on the clock: a server runs
 steps without a timeout (`Server.clock` ahead of the clock) or prices k decode steps as one only up
@@ -119,7 +124,7 @@ def run_fleet(pools: list[Pool], link: KVLink | None, workload: Workload, time_l
     requests: list[Request] = []
     entry = pools[0]
     served = [[-1] * n for _ in pools]
-    transfer_start, transfer_end = [math.nan] * n, [math.nan] * n
+    prefill_end, transfer_start, transfer_end = [math.nan] * n, [math.nan] * n, [math.nan] * n
     first_index = [0, len(entry.policies)]
 
     def progress(_finished: int, at: float) -> None:
@@ -162,6 +167,7 @@ def run_fleet(pools: list[Pool], link: KVLink | None, workload: Workload, time_l
             return
         request.output_tokens = outputs[request.id]
         request.finish = math.nan
+        prefill_end[request.id] = at
         target = route(1, request)
         env.process(ship(request, served[0][request.id], target))
 
@@ -172,6 +178,7 @@ def run_fleet(pools: list[Pool], link: KVLink | None, workload: Workload, time_l
             transfer_start[request.id] = env.now
             yield env.timeout(link.transfer_time(request.prompt_tokens))
             transfer_end[request.id] = env.now
+        request.first_token = env.now  # the client has it with the KV, from the decode side
         servers[1][target].submit(request)
 
     wires = links(env, len(entry.policies)) if link is not None else []
@@ -205,6 +212,7 @@ def run_fleet(pools: list[Pool], link: KVLink | None, workload: Workload, time_l
     else:
         columns["prefill_server"] = np.array(served[0][:len(requests)], dtype=np.int64)
         columns["decode_server"] = np.array(served[1][:len(requests)], dtype=np.int64)
+        columns["prefill_end"] = np.array(prefill_end[:len(requests)])
         columns["transfer_start"] = np.array(transfer_start[:len(requests)])
         columns["transfer_end"] = np.array(transfer_end[:len(requests)])
     fleet = FleetResult([pool.role for pool in pools for _ in pool.policies], step_server, columns,

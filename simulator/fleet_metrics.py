@@ -18,8 +18,8 @@ if TYPE_CHECKING:
 
 def fleet_columns(fleet: FleetResult, requests: pl.DataFrame, steps: pl.DataFrame
                   ) -> tuple[pl.DataFrame, pl.DataFrame]:
-    """requests gain `replica` (or `prefill_server`, `decode_server`, `transfer_start`,
-    `transfer_end`; -1 and null where it did not happen), steps gain `server`."""
+    """requests gain `replica` (or `prefill_server`, `decode_server`, `prefill_end`,
+    `transfer_start`, `transfer_end`; -1 and null where it did not happen), steps gain `server`."""
     columns = [pl.Series(name, values).fill_nan(None) if values.dtype.kind == "f" else pl.Series(name, values)
                for name, values in fleet.request_columns.items()]
     return requests.with_columns(columns), steps.with_columns(pl.Series("server", fleet.step_server))
@@ -72,7 +72,8 @@ def format_servers(servers: list[dict[str, Any]]) -> str:
 
     transfers = "mean_transfer" in servers[0]
     lines = [f"{'server':<8}{'role':<9}{'requests':>9}{'completed':>10}{'out tok/s':>11}{'busy':>7}"
-             f"{'TTFT ms':>9}{'p99':>9}{'TPOT ms':>9}{'p99':>8}" + (f"{'KV xfer ms':>11}{'p99':>7}" if transfers else "")]
+             f"{'TTFT ms':>9}{'p99':>9}{'TPOT ms':>9}{'p99':>8}"
+             + (f"{'KV xfer ms':>11}{'p99':>7}" if transfers else "")]
     for s in servers:
         rate = "-" if s["output_throughput"] is None else f"{s['output_throughput']:.1f}"
         busy = "-" if s["busy"] is None else f"{s['busy']:.0%}"

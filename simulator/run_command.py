@@ -119,9 +119,20 @@ def format_summary(summary: dict[str, Any], config: RunConfig, metrics: tuple[st
 @setting("block_size", type=int, help="KV block size in tokens.")
 @setting("gpu_memory_utilization", type=float, help="Share of GPU memory for weights, activations and KV cache.")
 @setting("num_gpu_blocks_override", type=int, help="Exactly this many KV blocks [default: sized from memory].")
-@setting("num_replicas", type=int, help="Identical servers, each its own GPUs, KV cache and scheduler, behind --router.")
+@setting("num_replicas", type=int, help="Identical servers, each its own GPUs, KV cache and scheduler, behind "
+                                        "--router.")
 @setting("router", type=click.Choice(ROUTERS), help="Which server takes each arrival, from the servers' state "
                                                    "then: in turn, at random, fewest requests, least KV in use.")
+@setting("prefill_replicas", type=int, help="Disaggregated serving: servers that only prefill (and emit the first "
+                                            "token), with --decode-replicas [default: none, colocated].")
+@setting("decode_replicas", type=int, help="Disaggregated serving: servers that decode what the prefill pool sent.")
+@setting("prefill_tensor_parallel_size", type=int, help="GPUs of each prefill server "
+                                                        "[default: --tensor-parallel-size].")
+@setting("decode_tensor_parallel_size", type=int, help="GPUs of each decode server [default: --tensor-parallel-size].")
+@setting("kv_transfer_bandwidth", type=float, help="GB/s per GPU of the link the KV cache crosses from prefill to "
+                                                   "decode [default: the GPU profile's NVLink, 450 on the H100].")
+@setting("kv_transfer_latency", type=float, help="Seconds of fixed time per KV transfer [default: the GPU profile's "
+                                                 "interconnect latency, 1e-05].")
 @setting("time_limit", type=float, help="Stop the simulated clock at this many seconds; requests still in flight "
                                         "are reported unfinished [default: run to the end].")
 @click.option("--percentiles", "--metric-percentiles", "percentiles", show_default=True,
