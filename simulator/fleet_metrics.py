@@ -65,6 +65,24 @@ def server_summaries(result: RunResult, tables: Tables, duration: float) -> list
     return summaries
 
 
+def fleet_totals(servers: list[dict[str, Any]], requests: pl.DataFrame) -> dict[str, Any]:
+    """Scalars a sweep row can hold: the spread of requests and busy shares over the entry pool's
+    servers (replicas, or prefill servers) and the decode pool's, and for P/D the KV transfers."""
+    totals: dict[str, Any] = {}
+    for role in ("replica", "prefill", "decode"):
+        pool = [s for s in servers if s["role"] == role]
+        if pool:
+            busy = [s["busy"] for s in pool if s["busy"] is not None]
+            totals |= {f"{role}_requests_min": min(s["requests"] for s in pool),
+                       f"{role}_requests_max": max(s["requests"] for s in pool),
+                       f"{role}_busy_min": min(busy, default=None), f"{role}_busy_max": max(busy, default=None)}
+    if "transfer_end" in requests.columns:
+        transfer = requests["transfer_end"] - requests["transfer_start"]
+        totals |= {"mean_transfer": _mean(transfer), "p99_transfer": _p99(transfer),
+                   "mean_transfer_wait": _mean(requests["transfer_start"] - requests["prefill_end"])}
+    return totals
+
+
 def format_servers(servers: list[dict[str, Any]]) -> str:
     """The per-server block under the fleet's summary."""
     def ms(value: float | None) -> str:

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from simulator.fleet_metrics import fleet_columns, server_summaries
+from simulator.fleet_metrics import fleet_columns, fleet_totals, server_summaries
 from simulator.simulate import RunResult
 from simulator.tokens import describe_histogram, itl_histogram, tokens_table
 
@@ -211,4 +211,5 @@ def summarize(result: RunResult, tables: Tables) -> dict[str, Any]:
     summary["cost_notes"] = "; ".join(result.cost_notes)
     if result.fleet is not None:
         summary["servers"] = server_summaries(result, tables, duration)
+        summary |= fleet_totals(summary["servers"], tables.requests)
     return summary
