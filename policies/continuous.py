@@ -29,10 +29,14 @@ class ContinuousBatching:
         budget = self.max_num_batched_tokens
         free_blocks = view.kv.num_free
         num_seqs = view.num_running
+        joins = False
         for request in view.waiting:
             n = request.num_pending
             blocks = view.kv.extra_blocks(request, request.computed + n)
-            if request.is_decoding or n > budget or num_seqs >= self.max_num_seqs or blocks > free_blocks:
+            if n > budget or num_seqs >= self.max_num_seqs or blocks > free_blocks:
+                break
+            if request.is_decoding:
+                joins = not prefill
                 break
             prefill[request] = n
             budget -= n
@@ -41,7 +45,7 @@ class ContinuousBatching:
         if prefill:
             return Step(prefill)
         # Without chunking every running prompt was computed whole when it was admitted.
-        return Step(self._joining(view), decode=True)
+        return Step(self._joining(view) if joins else {}, decode=True)
 
     def _joining(self, view: View) -> dict[Request, int]:
         """Waiting decoders (prefilled elsewhere) that fit beside the running ones' decode step."""

@@ -93,6 +93,19 @@ def test_least_kv_reads_a_stretch_in_flight() -> None:
     assert tables.requests["replica"].to_list() == [0, 0, 1, 1]
 
 
+def test_requests_routed_during_a_stretchs_last_step() -> None:
+    """1 s steps, round robin over two replicas. Replica 0 prefills a 6-token request in [0, 1] and
+    prices its decode steps to its finish at t=6 as one stretch; two requests are routed to it
+    during that last step (t=5.2 and 5.8, one to replica 1 between): both wait for the step's end
+    and are admitted together then, not the first alone at 5.2."""
+    workload = Workload(prompt_tokens=np.array([4, 4, 4, 4, 4]), output_tokens=np.array([6, 6, 3, 3, 3]),
+                        arrival=np.array([0.0, 0.1, 5.2, 5.5, 5.8]), concurrency=None)
+    config = RunConfig(policy="continuous", num_replicas=2)
+    tables, _, _ = assert_same_fleet(config, workload, unit_cost=True)
+    assert tables.requests["replica"].to_list() == [0, 1, 0, 1, 0]
+    assert tables.requests["scheduled"].to_list()[2::2] == [6.0, 6.0]
+
+
 def chapter_stats(**settings: Any) -> dict[str, Any]:
     result = simulate(RunConfig(policy="continuous", **settings))
     return summarize(result, build_tables(result, tokens=False))
