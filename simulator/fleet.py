@@ -17,7 +17,8 @@ What another process can see, and so when a server must stop and wait on the clo
 steps without a timeout (`Server.clock` ahead of the clock) or prices k decode steps as one only up
 to `Server.horizon`. Alone, that is the clock's next event. In an open-loop fleet, the other
 servers' step ends are events that neither read nor change this server, so the servers routed to
-at arrival time wait only for the next arrival (`NextArrival`); a router then reads each server at
+at arrival time wait only for the next arrival (`NextArrival`; under round robin or random, which
+read no state, only for their own next arrival); a router then reads each server at
 the arrival instant: every step it carried out without a timeout ended before it, and a step or
 stretch still waited for shows the state a step-by-step engine shows mid-step, except the KV blocks
 a decode stretch takes step by step, which `ServerLoad` reads from the stretch's plan
@@ -43,7 +44,7 @@ from simulator.clock import Clock
 from simulator.cost import CostModel
 from simulator.kv import KVBlocks
 from simulator.request import Request, RequestColumns
-from simulator.routers import Router
+from simulator.routers import Router, planned_routes
 from simulator.server import Process, Server
 from simulator.step import Policy
 from simulator.steplog import StepLog
@@ -100,13 +101,22 @@ class ServerLoad:
 
 
 class NextArrival:
-    """When the next request arrives (inf once none will): an open-loop server's horizon."""
+    """When the next request that may be routed to a server arrives (inf once none will): an open
+    loop server's horizon. Under a router that reads state that is any request; under one that
+    does not (round robin, random), only the server's own."""
 
-    def __init__(self, first: float) -> None:
-        self.at = first
+    def __init__(self, times: list[float]) -> None:
+        self.times = times
+        self.index = 0
+        self.at = times[0] if times else math.inf
 
     def __call__(self) -> float:
         return self.at
+
+    def passed(self) -> None:
+        """The request at `at` was routed: look to the next."""
+        self.index += 1
+        self.at = self.times[self.index] if self.index < len(self.times) else math.inf
 
 
 FleetEngine = Callable[[list[Pool], KVLink | None, Workload, float | None, Callable[[int, float], None] | None],
@@ -195,10 +205,18 @@ def run_fleet(pools: list[Pool], link: KVLink | None, workload: Workload, time_l
             route(0, make_request(0.0))
     else:
         arrivals = workload.arrival.tolist()
-        next_arrival = NextArrival(arrivals[0] if arrivals else math.inf)
-        for server in servers[0]:
-            server.horizon = next_arrival
-        env.process(_arrive(env, arrivals, next_arrival, lambda t: route(0, make_request(t))))
+        plan = planned_routes(entry.router, len(servers[0]), n)
+        if plan is None:
+            watchers = [NextArrival(arrivals)] * len(servers[0])
+            watched = [watchers[0]] * n
+        else:
+            chosen = plan.tolist()
+            watchers = [NextArrival([t for t, c in zip(arrivals, chosen, strict=True) if c == i])
+                        for i in range(len(servers[0]))]
+            watched = [watchers[c] for c in chosen]
+        for server, watcher in zip(servers[0], watchers, strict=True):
+            server.horizon = watcher
+        env.process(_arrive(env, arrivals, watched, lambda t: route(0, make_request(t))))
     env.run(until=time_limit)
     for pool_servers in servers:
         for server in pool_servers:
@@ -220,14 +238,15 @@ def run_fleet(pools: list[Pool], link: KVLink | None, workload: Workload, time_l
     return RequestColumns.from_requests(requests), log, env.now, fleet
 
 
-def _arrive(env: Clock, arrivals: list[float], next_arrival: NextArrival,
+def _arrive(env: Clock, arrivals: list[float], watched: list[NextArrival],
             route: Callable[[float], Any]) -> Generator[simpy.Event, Any, None]:
+    """Each arrival routed at its time; `watched[i]` is the horizon that waited for arrival i."""
     for i, t in enumerate(arrivals):
         if t > env.now:
             yield env.arrival_timeout(t - env.now)
         route(t)
         # Said before the clock moves on, so no server runs past an arrival it has not seen.
-        next_arrival.at = arrivals[i + 1] if i + 1 < len(arrivals) else math.inf
+        watched[i].passed()
 
 
 def merge_logs(logs: list[StepLog]) -> tuple[StepLog, np.ndarray]:

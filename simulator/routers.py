@@ -67,6 +67,16 @@ def least_kv(servers: Sequence[Load], request_id: int) -> int:
     return shares.index(min(shares))
 
 
+def planned_routes(router: Router, num_servers: int, num_requests: int) -> np.ndarray | None:
+    """The server of each request, in arrival order, when `router` reads no state (round robin,
+    random); None when it decides from the servers' state."""
+    if isinstance(router, RoundRobin):
+        return (np.arange(num_requests) + router.turn) % num_servers
+    if isinstance(router, RandomChoice):
+        return router.choices[:num_requests]
+    return None
+
+
 def build_router(name: str, num_servers: int, num_requests: int, seed: int, pool: int = 0) -> Router:
     """Router `name` for a pool of `num_servers`; `pool` (0 prefill or only, 1 decode) keeps the
     random draws of two pools apart."""
