@@ -169,14 +169,15 @@ def run_fleet(pools: list[Pool], link: KVLink | None, workload: Workload, time_l
 
     def next_client(finished: Request, at: float) -> None:
         if workload.arrival is None and len(requests) < n:
-            route(0, make_request(at), at, served[-1][finished.id])
+            # The server it finished on: its decode server, or its prefill server for one token.
+            route(0, make_request(at), at, max(served[0][finished.id], served[-1][finished.id]))
 
     def prefilled(request: Request, at: float) -> None:
         if outputs[request.id] == 1:
             next_client(request, at)
             return
         request.output_tokens = outputs[request.id]
-        request.finish = math.nan
+        request.finish = request.first_token = math.nan  # the client has it when its KV has crossed
         prefill_end[request.id] = at
         target = route(1, request)
         env.process(ship(request, served[0][request.id], target))

@@ -8,7 +8,7 @@ from dataclasses import replace
 
 from policies import build_policy
 from simulator.config import RunConfig
-from simulator.cost import build_cost_model
+from simulator.cost import CostModel, build_cost_model
 from simulator.fleet import FleetEngine, Pool, run_fleet
 from simulator.fleet_settings import disaggregated
 from simulator.hardware import GpuSpec
@@ -32,17 +32,17 @@ def pool_configs(config: RunConfig) -> list[tuple[str, int, RunConfig]]:
             ("decode", config.decode_replicas, replace(config, tensor_parallel_size=decode_tp))]
 
 
-def build_pools(config: RunConfig, model: ModelSpec, gpu: GpuSpec, workload: Workload
+def build_pools(config: RunConfig, model: ModelSpec, gpu: GpuSpec, workload: Workload, cost: CostModel | None = None
                 ) -> tuple[list[Pool], KVLink | None]:
     """The pools (fresh policies and routers) and, for P/D, the KV link; refuses a workload a pool
-    could never serve, before anything runs."""
+    could never serve, before anything runs. `cost` replaces every pool's cost model."""
     longest = int(workload.prompt_tokens.max())
     pools = []
     for index, (role, count, pool_config) in enumerate(pool_configs(config)):
         kv_blocks = kv_cache_blocks(pool_config, model, gpu, longest)
         check_fits(workload, pool_config, model, kv_blocks)
         pools.append(Pool(role, [build_policy(pool_config) for _ in range(count)],
-                          build_cost_model(pool_config, model, gpu), kv_blocks, config.block_size,
+                          cost or build_cost_model(pool_config, model, gpu), kv_blocks, config.block_size,
                           build_router(config.router, count, workload.num_requests, config.seed, index)))
     link = None
     if disaggregated(config):
@@ -52,9 +52,10 @@ def build_pools(config: RunConfig, model: ModelSpec, gpu: GpuSpec, workload: Wor
 
 
 def simulate_fleet(config: RunConfig, model: ModelSpec, gpu: GpuSpec, workload: Workload, progress: bool = False,
-                   engine: FleetEngine = run_fleet) -> RunResult:
-    """`simulate` for more than one server; `engine` replaces `run_fleet` (the tests' oracle)."""
-    pools, link = build_pools(config, model, gpu, workload)
+                   engine: FleetEngine = run_fleet, cost: CostModel | None = None) -> RunResult:
+    """`simulate` for more than one server; `engine` replaces `run_fleet` (the tests' oracle),
+    `cost` every pool's cost model."""
+    pools, link = build_pools(config, model, gpu, workload, cost)
     bar = RunProgress(workload.num_requests, enabled=progress)
     try:
         requests, log, end_time, fleet = engine(pools, link, workload, config.time_limit,

@@ -125,7 +125,8 @@ def format_summary(summary: dict[str, Any], config: RunConfig, metrics: tuple[st
                                                    "then: in turn, at random, fewest requests, least KV in use.")
 @setting("prefill_replicas", type=int, help="Disaggregated serving: servers that only prefill (and emit the first "
                                             "token), with --decode-replicas [default: none, colocated].")
-@setting("decode_replicas", type=int, help="Disaggregated serving: servers that decode what the prefill pool sent.")
+@setting("decode_replicas", type=int, help="Disaggregated serving: servers that decode what the prefill pool sent "
+                                           "[default: none].")
 @setting("prefill_tensor_parallel_size", type=int, help="GPUs of each prefill server "
                                                         "[default: --tensor-parallel-size].")
 @setting("decode_tensor_parallel_size", type=int, help="GPUs of each decode server [default: --tensor-parallel-size].")

@@ -131,7 +131,8 @@ def simulate(config: RunConfig, workload: Workload | None = None, cost: CostMode
     if is_fleet(config):
         from simulator.pools import simulate_fleet  # it builds on this module's sizing
 
-        return simulate_fleet(config, model, gpu, workload, progress)
+        assert engine is None, "a fleet's oracle engine goes to pools.simulate_fleet"
+        return simulate_fleet(config, model, gpu, workload, progress, cost=cost)
     kv_blocks = kv_cache_blocks(config, model, gpu, int(workload.prompt_tokens.max()))
     check_fits(workload, config, model, kv_blocks)
     cost = cost or build_cost_model(config, model, gpu)

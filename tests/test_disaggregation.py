@@ -10,7 +10,7 @@ import pytest
 from simulator.config import RunConfig
 from simulator.hardware import load_gpu
 from simulator.metrics import build_tables, summarize
-from simulator.simulate import simulate
+from simulator.simulate import build_workload, simulate
 from simulator.transfer import kv_link
 from workloads import Workload
 
@@ -109,3 +109,25 @@ def test_decode_server_queues_when_its_kv_is_full() -> None:
     third = requests.row(2, named=True)
     first_finish = requests["finish"].min()
     assert third["transfer_end"] < first_finish < third["finish"]
+
+
+def test_closed_loop_and_time_limit() -> None:
+    """Closed-loop clients work across the pools (each sends its next request when its last one
+    finishes on a decode server, or on its prefill server for a one-token output); a time limit
+    leaves requests unfinished with their own lengths and no TTFT while their KV is unsent."""
+    settings = dict(policy="chunked", prefill_replicas=2, decode_replicas=1, concurrency=8, num_requests=100,
+                    input_len=500, output_len=20, output_len_dist="uniform:0.95", router="least-loaded",
+                    kv_transfer_bandwidth=0.5)  # 0.13 s a transfer, so the limit falls in some
+    assert len(single := [1 for n in build_workload(RunConfig(**settings)).output_tokens if n == 1]) > 0, single  # type: ignore[arg-type]
+    result = simulate(RunConfig(**settings))  # type: ignore[arg-type]
+    requests = build_tables(result, tokens=False).requests
+    assert requests["finished"].all() and requests.height == 100
+    single = requests.filter(pl.col("output_tokens") == 1)
+    assert single["transfer_start"].is_null().all() and (single["decode_server"] == -1).all()
+    cut = simulate(RunConfig(time_limit=float(requests["finish"].max()) / 2, **settings))  # type: ignore[arg-type]
+    cut_requests = build_tables(cut, tokens=False).requests
+    assert 0 < cut_requests["finished"].sum() < cut_requests.height
+    workload_lengths = requests["output_tokens"].head(cut_requests.height)
+    assert cut_requests["output_tokens"].equals(workload_lengths)
+    unsent = cut_requests.filter(pl.col("transfer_end").is_null() & (pl.col("output_tokens") > 1))
+    assert unsent.height > 0 and unsent["ttft"].is_null().all()

@@ -33,17 +33,8 @@ POLICIES = ["static", "continuous", "chunked", "priority"]
 def fleet_outcome(config: RunConfig, workload: Workload, engine: FleetEngine, unit_cost: bool = False) -> Any:
     model, gpu = load_model(config.model), load_gpu(config.gpu)
     try:
-        if unit_cost:
-            from simulator import pools
-
-            original = pools.build_cost_model
-            pools.build_cost_model = lambda *_: UnitCost()  # type: ignore[assignment,return-value]
-            try:
-                result = simulate_fleet(config, model, gpu, workload, engine=engine)
-            finally:
-                pools.build_cost_model = original
-        else:
-            result = simulate_fleet(config, model, gpu, workload, engine=engine)
+        result = simulate_fleet(config, model, gpu, workload, engine=engine,
+                                cost=UnitCost() if unit_cost else None)  # type: ignore[arg-type]
     except InputError as error:
         return type(error), str(error)
     tables = build_tables(result)
