@@ -9,6 +9,7 @@ import polars as pl
 from helpers import needs_azure
 
 from benchmarks.engine_speed import AZURE, run_one, tiled_trace
+from benchmarks.fleet_speed import one as fleet_run
 from workloads import read_trace
 
 
@@ -33,3 +34,12 @@ def test_one_case_runs_the_workload_it_names(tmp_path: Path) -> None:
     assert tokens["request_id"].n_unique() == 200
     assert int(row["steps"]) >= 300 * 200 // 64
     assert float(row["simulated_s"]) > 0 and float(row["engine_s"]) > 0
+
+
+def test_fleet_benchmark_runs_its_fleet() -> None:
+    """The fleet case at 400 requests: four replicas at 32 req/s serve them all, in more steps than
+    one server's share would take."""
+    fleet = fleet_run("chunked", 32.0, 400, 4, 0, "round-robin")
+    single = fleet_run("chunked", 8.0, 100, 1, 0, "round-robin")
+    assert fleet["completed"] == 400 and single["completed"] == 100
+    assert fleet["steps"] > 3 * single["steps"]
