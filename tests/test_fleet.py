@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 import pytest
-from helpers import UnitCost
+from helpers import AZURE, UnitCost, needs_azure
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from oracle import run_oracle_fleet
@@ -24,7 +24,7 @@ from simulator.metrics import build_tables, summarize
 from simulator.model import load_model
 from simulator.pools import simulate_fleet
 from simulator.routers import ROUTERS
-from simulator.simulate import simulate
+from simulator.simulate import build_workload, simulate
 from workloads import Workload
 
 POLICIES = ["static", "continuous", "chunked", "priority"]
@@ -95,6 +95,15 @@ def test_requests_routed_during_a_stretchs_last_step() -> None:
     tables, _, _ = assert_same_fleet(config, workload, unit_cost=True)
     assert tables.requests["replica"].to_list() == [0, 1, 0, 1, 0]
     assert tables.requests["scheduled"].to_list()[2::2] == [6.0, 6.0]
+
+
+@needs_azure
+@pytest.mark.parametrize("router", ["least-kv", "random"])
+def test_trace_replay_matches_oracle(router: str) -> None:
+    """The Azure trace's first 400 requests replayed over three replicas, as the oracle fleet does."""
+    config = RunConfig(policy="chunked", trace=str(AZURE), num_requests=400, num_replicas=3, router=router)
+    tables, _, _ = assert_same_fleet(config, build_workload(config))
+    assert sorted(tables.requests["replica"].unique().to_list()) == [0, 1, 2]
 
 
 def chapter_stats(**settings: Any) -> dict[str, Any]:
