@@ -61,3 +61,10 @@ def test_run_report_lists_the_servers(tmp_path: Path, capsys: pytest.CaptureFixt
     summary_file.write_text(json.dumps(data))
     code, _, stderr = simulate_cli(["report", str(run)], capsys)
     assert code == 2 and "summary.servers role must be one of" in stderr
+
+
+def test_an_unknown_router_is_refused_before_any_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "sweep.parquet"
+    code, _, stderr = simulate_cli(["sweep", "--num-replicas", "2", "--router", "round-robin,fastest", *SMALL,
+                                    "--out", str(out)], capsys)
+    assert code == 2 and "--router lists 'fastest'" in stderr and not out.exists()
