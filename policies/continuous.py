@@ -3,6 +3,8 @@
 Every step is either a prefill step that admits waiting requests first-come first-served while
 they fit the token budget, the sequence limit and free KV, or, when none can be admitted, a decode
 step for every running request. Prefill comes first, so decoders stall while a prompt runs.
+A waiting request that is already decoding (its prompt's KV computed on a prefill server, its first
+token emitted there) is no prefill: it joins a decode step, FCFS, while it fits.
 """
 
 from __future__ import annotations
@@ -28,10 +30,14 @@ class ContinuousBatching:
         budget = self.max_num_batched_tokens
         free_blocks = view.kv.num_free
         num_seqs = view.num_running
+        joins = False
         for request in view.waiting:
             n = request.num_pending
             blocks = view.kv.extra_blocks(request, request.computed + n)
             if n > budget or num_seqs >= self.max_num_seqs or blocks > free_blocks:
+                break
+            if request.is_decoding:
+                joins = not prefill
                 break
             prefill[request] = n
             budget -= n
@@ -40,7 +46,23 @@ class ContinuousBatching:
         if prefill:
             return Step(prefill)
         # Without chunking every running prompt was computed whole when it was admitted.
-        return Step(decode=True)
+        return Step(self._joining(view) if joins else {}, decode=True)
+
+    def _joining(self, view: View) -> dict[Request, int]:
+        """Waiting decoders (prefilled elsewhere) that fit beside the running ones' decode step."""
+        joining: dict[Request, int] = {}
+        budget = self.max_num_batched_tokens - view.num_decoding
+        free_blocks = view.kv.num_free - view.decode_blocks
+        num_seqs = view.num_running
+        for request in view.waiting:
+            blocks = view.kv.extra_blocks(request, request.computed + 1)
+            if not request.is_decoding or budget < 1 or num_seqs >= self.max_num_seqs or blocks > free_blocks:
+                break
+            joining[request] = 1
+            budget -= 1
+            free_blocks -= blocks
+            num_seqs += 1
+        return joining
 
     def max_step_tokens(self, longest_prompt: int) -> int:
         return self.max_num_batched_tokens

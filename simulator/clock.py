@@ -3,6 +3,8 @@
 - `timeout_at(t)`: a timeout that fires at exactly `t`. A server that prices k steps at once
   computes their ends as the same sequence of additions k one-step timeouts would have made, and
   must land on those bits; `env.timeout(t - now)` lands on `now + (t - now)`, which need not be `t`.
+  In a fleet each server's timeouts carry its own priority, so step ends at one instant are
+  processed in server order however they were scheduled.
 - `arrival_timeout(delay)`: processed before any ordinary event at the same instant, so a request
   arriving exactly when a step ends is seen by the scheduler at that step boundary.
 """
@@ -32,8 +34,9 @@ class Clock(simpy.Environment):
         assert at >= self.now, f"cannot schedule at {at}, before now ({self.now})"
         heappush(self._queue, (at, priority, next(self._eid), event))  # type: ignore[attr-defined,misc]
 
-    def timeout_at(self, at: float) -> Timeout:
-        return _At(self, at, NORMAL)
+    def timeout_at(self, at: float, priority: int = NORMAL) -> Timeout:
+        """`priority` orders events at the same instant (a fleet's servers' step ends by server)."""
+        return _At(self, at, priority)
 
     def arrival_timeout(self, delay: float) -> Timeout:
         return _At(self, self.now + delay, URGENT)

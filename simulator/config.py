@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from simulator.errors import InputError
+from simulator.fleet_settings import check_fleet
 from simulator.model import KV_CACHE_DTYPES, QUANTIZATIONS
 from workloads.lengths import parse_length_dist
 
@@ -91,6 +92,18 @@ class RunConfig:
     its prompt the conversation so far and a new `input_len` question; --rate counts sessions."""
     think_time: float = 0.0
     seed: int = 0
+    # A fleet (simulator.fleet): colocated replicas behind a router, or prefill and decode pools.
+    num_replicas: int = 1
+    router: str = "round-robin"
+    prefill_replicas: int | None = None
+    decode_replicas: int | None = None
+    prefill_tensor_parallel_size: int | None = None
+    """GPUs of each prefill server (None: --tensor-parallel-size)."""
+    decode_tensor_parallel_size: int | None = None
+    kv_transfer_bandwidth: float | None = None
+    """GB/s of the link a prefilled request's KV crosses, per GPU (None: the GPU profile's NVLink)."""
+    kv_transfer_latency: float | None = None
+    """Seconds of fixed time per KV transfer (None: the GPU profile's interconnect latency)."""
     time_limit: float | None = None
     """Stop the simulated clock here; requests still in flight are reported unfinished."""
     # Metrics.
@@ -153,6 +166,10 @@ class RunConfig:
             raise InputError(f"--time-limit must be > 0 seconds, got {self.time_limit}")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
             raise InputError(f"--seed must be an integer >= 0, got {self.seed!r}")
+        check_fleet(self)
+        if self.prefill_replicas is not None and self.policy == "static":
+            raise InputError("--prefill-replicas: the static policy's padded batches cannot take requests prefilled "
+                             "on another server (use --policy continuous, chunked or priority)")
         self._check_workload_source()
         if self.trace is None:
             self._check_synthetic_workload()

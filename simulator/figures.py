@@ -147,6 +147,11 @@ def sweep_figures(path: Path) -> tuple[pl.DataFrame, dict[str, go.Figure]]:
     figures["throughput-latency"] = throughput_latency_figure(rows, curves)
     if axis is not None:
         figures["load"] = load_figure(rows, axis, curves)
+    from simulator.fleet_report import fleet_figure
+
+    fleet = fleet_figure(rows)
+    if fleet is not None:
+        figures["fleet"] = fleet
     return rows, figures
 
 

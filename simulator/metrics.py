@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
+from simulator.fleet_metrics import fleet_columns, fleet_totals, server_summaries
 from simulator.simulate import RunResult
 from simulator.steplog import StepLog
 from simulator.tokens import describe_histogram, itl_histogram, tokens_table
@@ -68,6 +69,8 @@ def build_tables(result: RunResult, tokens: bool = True) -> Tables:
         "finished": ~np.isnan(finish),
     }).with_columns(pl.col(c).fill_nan(None) for c in ("scheduled", "first_token", "finish", "ttft",
                                                         "tpot", "e2el", "queue"))
+    if result.fleet is not None:
+        requests, steps = fleet_columns(result.fleet, requests, steps)
     return Tables(requests, token_rows, steps)
 
 
@@ -122,7 +125,8 @@ def load_state(result: RunResult, steps: pl.DataFrame) -> dict[str, Any]:
     first = float(requests.arrival[0])
     finishes = requests.finish
     last = float(np.nanmax(finishes)) if not np.isnan(finishes).all() else result.end_time
-    state["utilisation"] = float(steps["duration"].sum()) / (last - first) if last > first else 1.0
+    num_servers = len(result.fleet.roles) if result.fleet is not None else 1  # utilisation: the servers' mean
+    state["utilisation"] = float(steps["duration"].sum()) / num_servers / (last - first) if last > first else 1.0
     if np.isnan(finishes).all():
         return state | {"load": "none finished"}  # cut off by --time-limit before any request finished
     if result.config.concurrency is not None and result.config.trace is None:
@@ -143,9 +147,10 @@ def load_state(result: RunResult, steps: pl.DataFrame) -> dict[str, Any]:
     t = window["start"].to_numpy()
     slope, intercept = np.polyfit(t, in_system, 1)
     residual = float(np.std(in_system - (slope * t + intercept)))
-    state["queue_growth"] = float(slope)
+    # A fleet's steps each count one server's requests: the fleet's grow num_servers times as fast.
+    state["queue_growth"] = float(slope) * num_servers
     # Growth must be material (a share of the arrival rate) and beyond the count's own wander.
-    material = slope > SATURATED_GROWTH_FRACTION * state["offered_rate"]
+    material = state["queue_growth"] > SATURATED_GROWTH_FRACTION * state["offered_rate"]
     beyond_noise = slope * (last_arrival - half) > 3 * residual
     state["kept_up"] = not (material and beyond_noise)
     return state
@@ -224,4 +229,7 @@ def summarize(result: RunResult, tables: Tables) -> dict[str, Any]:
     summary["cost_extrapolations"] = sum(result.cost_extrapolated.values())
     summary["cost_extrapolated"] = ", ".join(f"{family}: {n}" for family, n in sorted(result.cost_extrapolated.items()))
     summary["cost_notes"] = "; ".join(result.cost_notes)
+    if result.fleet is not None:
+        summary["servers"] = server_summaries(result, tables, duration)
+        summary |= fleet_totals(summary["servers"], tables.requests)
     return summary

@@ -209,9 +209,11 @@ def run_header(folder: Path, run: RunFolder, drawn: list[str]) -> str:
                            ("server", "No server panels: no forward pass ran.")):
         if figure not in drawn:
             notes.append(absent)
+    from simulator.fleet_report import servers_section
+
     return (f'<p class="verdict {kind}">{html.escape(sentence)}</p>\n<p>{html.escape(said)}</p>\n'
             + '<div style="display:flex;gap:3em;align-items:flex-start">' + table(["summary", ""], rows)
-            + table(["latency (ms)", *stats], latencies) + "</div>\n"
+            + table(["latency (ms)", *stats], latencies) + "</div>\n" + servers_section(summary, folder)
             + "".join(f"<p>{html.escape(note)}</p>" for note in notes))
 
 

@@ -17,10 +17,12 @@ from policies import POLICIES
 from simulator.config import DEFAULTS, GOODPUT_METRICS, RunConfig, flag, parse_goodput, parse_percentiles
 from simulator.cost import COST_MODELS
 from simulator.errors import InputError
+from simulator.fleet_metrics import format_servers
 from simulator.hardware import available_gpus
 from simulator.metrics import LATENCIES, load_verdict
 from simulator.model import BUILTIN_MODELS
 from simulator.options import RESULTS_DIR, deployment_options, setting
+from simulator.routers import ROUTERS
 from simulator.simulate import DEFAULT_NUM_REQUESTS
 from simulator.vllm_result import result_path, vllm_result, write_result
 from workloads.lengths import SPECS as LENGTH_SPECS
@@ -129,6 +131,21 @@ def format_summary(summary: dict[str, Any], config: RunConfig, metrics: tuple[st
                    "identity: --prefix-len, Mooncake hash_ids).")
 @setting("gpu_memory_utilization", type=float, help="Share of GPU memory for weights, activations and KV cache.")
 @setting("num_gpu_blocks_override", type=int, help="Exactly this many KV blocks [default: sized from memory].")
+@setting("num_replicas", type=int, help="Identical servers, each its own GPUs, KV cache and scheduler, behind "
+                                        "--router.")
+@setting("router", type=click.Choice(ROUTERS), help="Which server takes each arrival, from the servers' state "
+                                                   "then: in turn, at random, fewest requests, least KV in use.")
+@setting("prefill_replicas", type=int, help="Disaggregated serving: servers that only prefill (and emit the first "
+                                            "token), with --decode-replicas [default: none, colocated].")
+@setting("decode_replicas", type=int, help="Disaggregated serving: servers that decode what the prefill pool sent "
+                                           "[default: none].")
+@setting("prefill_tensor_parallel_size", type=int, help="GPUs of each prefill server "
+                                                        "[default: --tensor-parallel-size].")
+@setting("decode_tensor_parallel_size", type=int, help="GPUs of each decode server [default: --tensor-parallel-size].")
+@setting("kv_transfer_bandwidth", type=float, help="GB/s per GPU of the link the KV cache crosses from prefill to "
+                                                   "decode [default: the GPU profile's NVLink, 450 on the H100].")
+@setting("kv_transfer_latency", type=float, help="Seconds of fixed time per KV transfer [default: the GPU profile's "
+                                                 "interconnect latency, 1e-05].")
 @setting("time_limit", type=float, help="Stop the simulated clock at this many seconds; requests still in flight "
                                         "are reported unfinished [default: run to the end].")
 @click.option("--percentiles", "--metric-percentiles", "percentiles", show_default=True,
@@ -186,6 +203,8 @@ def run_command(percentiles: str, percentile_metrics: str, goodput: tuple[str, .
         written["tokens"] = TokensTable(result.log)
     write_run(out, written, summary, settings_dict, progress=progress)
     click.echo(format_summary(summary, config, metrics))
+    if "servers" in summary:
+        click.echo(format_servers(summary["servers"]))
     click.echo(f"wrote {out}/ ({', '.join(sorted(written))} .parquet; summary.json)")
     if result_file is not None:
         write_result(result_file, vllm_result(summary, config, tables, metrics, save_detailed, now))

@@ -20,7 +20,8 @@ once the step's blocks are allocated its prefill rows register their full blocks
 
 A decode-only step (only the decoders, nothing admitted or preempted) is priced for the k steps it
 repeats until the next event: a finish (the decoders' heap), a KV shortfall (blocks needed per step
-by residue), the time limit, or the next event on the clock (`env.peek()`, an arrival); the k steps
+by residue), the time limit, or the next event that could see it (`horizon`: the clock's next event,
+an arrival; in a fleet the next arrival only, since other servers' step ends cannot); the k steps
 are one SimPy timeout (`simulator.stretch`). A step with no event before its end and no finish is
 carried out without a timeout at all (the clock's next event is later, so nothing could see it).
 """
@@ -33,6 +34,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import simpy
+from simpy.events import NORMAL
 
 from simulator.clock import Clock
 from simulator.cost import CostModel, StepShape
@@ -96,6 +98,17 @@ class Server:
         """The server's time: ahead of `env.now` after steps carried out without a timeout."""
         self.submitted: list[float] = []
         """When requests were submitted, since the last decode stretch began."""
+        self.priority: int = NORMAL
+        """Of its timeouts among events at the same instant (a fleet orders servers by index)."""
+        self.horizon: Callable[[], float] = env.peek
+        """The next instant another process could read or change this server: by default the clock's
+        next event; a fleet open loop's next arrival (`simulator.fleet`)."""
+        self.finish_seen_elsewhere = False
+        """A finish is seen by other servers at its instant (a fleet's closed-loop client routes its
+        next request then): a padded batch's stretch stops at each member's finish, not its last."""
+        self.stretch_kv: tuple[Sequence[float], Sequence[int]] | None = None
+        """While a decode stretch is waited for: its step ends and the KV blocks its steps took by
+        then (cumulative), which it commits at its end; a router reads the blocks held mid-stretch."""
         self._admissions = 0
         self._wakeup = simpy.Store(env)
         self._sleeping = False
@@ -177,7 +190,7 @@ class Server:
                 f"the policy scheduled nothing at t={self.clock:.6f} s while {len(self._waiting)} requests "
                 f"waited and {self.num_running} ran")
         if self.clock > self.env.now:
-            yield self.env.timeout_at(self.clock)
+            yield self.env.timeout_at(self.clock, self.priority)
         self._sleeping = True
         get = self._wakeup.get()
         if wake_at is None:
@@ -247,7 +260,7 @@ class Server:
         duration = self.cost.step_time(shape)
         end = start + duration
         if end >= self.limit:
-            yield self.env.timeout_at(end)  # the clock stops first
+            yield self.env.timeout_at(end, self.priority)  # the clock stops first
             return
         index = len(log)
         finished = []
@@ -265,8 +278,8 @@ class Server:
                     request.first_token = end
                 if request.emitted == request.output_tokens:
                     finished.append(request)
-        if finished or end >= self.env.peek():
-            yield self.env.timeout_at(end)
+        if finished or end >= self.horizon():
+            yield self.env.timeout_at(end, self.priority)
         self.clock = end
         if finished:
             finished.sort(key=_admitted)  # the step's order: admission order

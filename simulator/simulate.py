@@ -13,6 +13,8 @@ from simulator.clock import Clock
 from simulator.config import RunConfig
 from simulator.cost import CostModel, build_cost_model
 from simulator.errors import InputError
+from simulator.fleet import FleetResult
+from simulator.fleet_settings import is_fleet
 from simulator.hardware import GpuSpec, load_gpu
 from simulator.kv import KVBlocks, activation_reserve_bytes, check_weights_fit, kv_capacity_blocks
 from simulator.model import ModelSpec, load_model
@@ -45,6 +47,8 @@ class RunResult:
     """Steps whose cost the model extrapolated beyond its measurements, by operator family."""
     cost_notes: tuple[str, ...]
     """What the cost model's tables stood in for, noted at load."""
+    fleet: FleetResult | None = None
+    """Servers, routing and transfers of a run of more than one server (`simulator.fleet`)."""
 
 
 def build_workload(config: RunConfig) -> Workload:
@@ -135,6 +139,11 @@ def simulate(config: RunConfig, workload: Workload | None = None, cost: CostMode
     policy = build_policy(config)
     if workload is None:
         workload = build_workload(config)
+    if is_fleet(config):
+        from simulator.pools import simulate_fleet  # it builds on this module's sizing
+
+        assert engine is None, "a fleet's oracle engine goes to pools.simulate_fleet"
+        return simulate_fleet(config, model, gpu, workload, progress, cost=cost)
     kv_blocks = kv_cache_blocks(config, model, gpu, int(workload.prompt_tokens.max()))
     check_fits(workload, config, model, kv_blocks)
     cost = cost or build_cost_model(config, model, gpu)

@@ -2,9 +2,9 @@
 
 The stretch ends at the first of: the step in which the next decoder finishes (a padded batch: its
 last member; its other members finish inside the stretch but hold their rows), the last step whose
-KV blocks fit, the last step ending before the time limit, the step during which the clock's next
-event (an arrival: `env.peek()`) or the policy's `wake_at` falls (a padded batch admits nobody, so
-arrivals do not end its stretch). Steps are priced one by one for short stretches and as arrays
+KV blocks fit, the last step ending before the time limit, the step during which the next event
+that could see the server (`Server.horizon`: an arrival) or the policy's `wake_at` falls (a padded
+batch admits nobody, so arrivals do not end its stretch). Steps are priced one by one for short stretches and as arrays
 (`CostModel.decode_step_times`, the same float operations elementwise) for long ones; step ends are
 a sequential cumulative sum, the same additions one timeout per step would make, so the results are
 those of a step-by-step engine to the last bit (tests/oracle.py).
@@ -38,12 +38,12 @@ def decode_stretch(server: Server, wake_at: float | None) -> Process:
         position0 = batch.position(steps0)
         context0, per_step = rows * position0, rows
         horizon = math.inf  # nobody joins a padded batch
-        last = batch.last_step
+        last = decoders.next_finish() if server.finish_seen_elsewhere else batch.last_step
         growing = False
     else:
         rows = decoders.count
         context0, per_step = decoders.decode_context, rows
-        horizon = env.peek()
+        horizon = server.horizon()
         last = decoders.next_finish()
         growing = True
     if wake_at is not None:
@@ -57,7 +57,7 @@ def decode_stretch(server: Server, wake_at: float | None) -> Process:
         start = server.clock
         end = start + first
         if end >= limit:
-            yield env.timeout_at(end)  # the clock stops during it
+            yield env.timeout_at(end, server.priority)  # the clock stops during it
             return
         num_live = decoders.count
         if growing:
@@ -66,8 +66,8 @@ def decode_stretch(server: Server, wake_at: float | None) -> Process:
         log = server.log
         log.lazy_step.append(len(log))
         finishing = decoders.pop_finished()
-        if finishing or end >= (horizon if batch is None and wake_at is None else env.peek()):
-            yield env.timeout_at(end)
+        if finishing or end >= (horizon if batch is None and wake_at is None else server.horizon()):
+            yield env.timeout_at(end, server.priority)
         server.clock = end
         for step, request in finishing:
             server.finish(request, end, step)
@@ -89,8 +89,10 @@ def decode_stretch(server: Server, wake_at: float | None) -> Process:
     waiting0, kv_used0, running0 = len(server.waiting), kv.num_used, server.num_running
     live0 = decoders.count
     end = float(ends[-1])
-    if decoders.next_finish() <= steps0 + k or end >= env.peek():
-        yield env.timeout_at(end)
+    if decoders.next_finish() <= steps0 + k or end >= server.horizon():
+        server.stretch_kv = (ends, used) if growing else None
+        yield env.timeout_at(end, server.priority)
+        server.stretch_kv = None
     start = server.clock
     # Commit the k steps: the decoders' step count, their KV, the finishes, the log.
     log = server.log
@@ -126,7 +128,7 @@ def decode_stretch(server: Server, wake_at: float | None) -> Process:
             start = ends[j]
     server.clock = end
     if crossing is not None:  # priced already: the step the clock stops in
-        yield env.timeout_at(crossing)
+        yield env.timeout_at(crossing, server.priority)
 
 
 def _array(server: Server, rows: int, context0: int, per_step: int, k: int, growing: bool, horizon: float,

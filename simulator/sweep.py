@@ -102,17 +102,23 @@ def check_name(name: str, value: Any) -> None:
     from policies import build_policy
     from simulator.hardware import load_gpu
     from simulator.model import load_model
+    from simulator.routers import ROUTERS
     from workloads import parse_length_dist
 
     def trace_exists(path: str) -> None:
         if not Path(path).is_file():
             raise InputError(f"no such trace file {path!r}")
 
+    def known_router(name: str) -> None:
+        if name not in ROUTERS:
+            raise InputError(f"unknown router (choose from {', '.join(ROUTERS)})")
+
     checks: dict[str, Callable[[Any], object]] = {
         "policy": lambda v: build_policy(RunConfig(policy=v)), "model": load_model, "gpu": load_gpu,
         "cost": lambda v: RunConfig(cost=v), "quantization": lambda v: RunConfig(quantization=v),
         "kv_cache_dtype": lambda v: RunConfig(kv_cache_dtype=v),
-        "input_len_dist": parse_length_dist, "output_len_dist": parse_length_dist, "trace": trace_exists}
+        "input_len_dist": parse_length_dist, "output_len_dist": parse_length_dist, "trace": trace_exists,
+        "router": known_router}
     if name in checks and value is not None:
         try:
             checks[name](value)

@@ -19,30 +19,34 @@ import math
 from collections.abc import Callable, Generator, Sequence
 from typing import Any
 
+import numpy as np
 import simpy
-from simpy.events import URGENT, Timeout
+from simpy.events import NORMAL, URGENT, Timeout
 
 from simulator.cost import CostModel, StepShape
+from simulator.fleet import FleetResult, Pool, merge_logs
 from simulator.kv import KVBlocks
 from simulator.request import Request, RequestColumns
 from simulator.server import PolicyError, PolicyStalledError
 from simulator.sessions import SessionClients
 from simulator.step import Policy, Step
 from simulator.steplog import StepLog
+from simulator.transfer import KVLink
 from workloads import Workload
 from workloads.prefixes import output_segment
 
 
 class ArrivalTimeout(Timeout):
-    """Processed before ordinary events at the same instant (an arrival at a step's end is seen then)."""
+    """Processed before ordinary events at the same instant (an arrival at a step's end is seen then);
+    with a `priority` past NORMAL, after them (a fleet's servers' step ends, in server order)."""
 
-    def __init__(self, env: simpy.Environment, delay: float) -> None:
+    def __init__(self, env: simpy.Environment, delay: float, priority: int = URGENT) -> None:
         self.env = env
         self.callbacks = []
         self._value = None
         self._delay = delay
         self._ok = True
-        env.schedule(self, URGENT, delay)
+        env.schedule(self, priority, delay)
 
 
 class Waiting:
@@ -81,6 +85,7 @@ class OracleServer:
         self.log = StepLog()
         self._wakeup = simpy.Store(env)
         self._sleeping = False
+        self.priority = NORMAL
         self.process = env.process(self._serve())
 
     # The view, every property computed by walking.
@@ -163,7 +168,7 @@ class OracleServer:
                 shape = StepShape.from_rows([(n, r.computed + n) for r, n in all_rows])
             start = self.env.now
             duration = self.cost.step_time(shape)
-            yield self.env.timeout(duration)
+            yield ArrivalTimeout(self.env, duration, self.priority)
             if cache_stats[0]:
                 self.log.cache_queries(len(self.log), *cache_stats)
             self._advance(all_rows, start, duration, shape, num_preempted)
@@ -296,3 +301,66 @@ def run_oracle(policy: Policy, cost: CostModel, kv_blocks: int, block_size: int,
 
     env.run(until=time_limit)
     return RequestColumns.from_requests(requests), server.log, env.now
+
+
+class OracleLoad:
+    """An oracle server as a router reads it, every count by walking."""
+
+    def __init__(self, server: OracleServer) -> None:
+        self.server = server
+
+    @property
+    def num_requests(self) -> int:
+        return len(self.server.waiting) + len(self.server.run_list)
+
+    @property
+    def kv_share(self) -> float:
+        return sum(r.blocks for r in self.server.run_list) / self.server.kv.num_blocks
+
+
+def run_oracle_fleet(pools: list[Pool], link: KVLink | None, workload: Workload, time_limit: float | None,
+                     on_step: Callable[[int, float], None] | None = None
+                     ) -> tuple[RequestColumns, StepLog, float, FleetResult]:
+    """Colocated replicas of oracle servers, each arrival (or closed-loop client's next request)
+    routed by the pool's router from the servers' walked state."""
+    assert link is None and len(pools) == 1, "the oracle fleet is colocated replicas"
+    pool = pools[0]
+    env = simpy.Environment()
+    requests: list[Request] = []
+    replica: list[int] = []
+    priorities = workload.priority.tolist() if workload.priority is not None else [0] * workload.num_requests
+
+    def route(arrival: float) -> None:
+        i = len(requests)
+        request = Request(i, arrival, int(workload.prompt_tokens[i]), int(workload.output_tokens[i]), priorities[i])
+        requests.append(request)
+        chosen = pool.router(loads, i)
+        replica.append(chosen)
+        servers[chosen].submit(request)
+
+    def next_client(_finished: Request, at: float) -> None:
+        if workload.arrival is None and len(requests) < workload.num_requests:
+            route(at)
+
+    servers = [OracleServer(env, policy, pool.cost, KVBlocks(pool.kv_blocks, pool.block_size), on_finish=next_client)
+               for policy in pool.policies]
+    for index, server in enumerate(servers):
+        server.priority = NORMAL + index
+    loads = [OracleLoad(server) for server in servers]
+    if workload.arrival is None:
+        assert workload.concurrency is not None
+        for _ in range(min(workload.concurrency, workload.num_requests)):
+            route(0.0)
+    else:
+        def arrive() -> Generator[simpy.Event, Any, None]:
+            for t in workload.arrival.tolist():  # type: ignore[union-attr]
+                if t > env.now:
+                    yield ArrivalTimeout(env, t - env.now)
+                route(t)
+
+        env.process(arrive())
+    env.run(until=time_limit)
+    log, step_server = merge_logs([server.log for server in servers])
+    fleet = FleetResult([pool.role] * len(servers), step_server, {"replica": np.array(replica, dtype=np.int64)},
+                        [pool.kv_blocks] * len(servers))
+    return RequestColumns.from_requests(requests), log, env.now, fleet

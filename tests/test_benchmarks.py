@@ -10,6 +10,7 @@ import polars as pl
 from helpers import needs_azure
 
 from benchmarks.engine_speed import AZURE, run_one, tiled_trace
+from benchmarks.fleet_speed import one as fleet_run
 from workloads import read_trace
 
 
@@ -73,3 +74,11 @@ def test_prefix_cache_benchmark_runs_the_workload_it_names() -> None:
     assert summarize(shared, build_tables(shared, tokens=False))["prefix_cache_hit_rate"] > 0.4
     plain = simulate(RunConfig(num_requests=200, **CASE_A))  # type: ignore[arg-type]
     assert summarize(plain, build_tables(plain, tokens=False))["prefix_cache_queried_tokens"] == 0
+
+def test_fleet_benchmark_runs_its_fleet() -> None:
+    """The fleet case at 400 requests: four replicas at 32 req/s serve them all, in more steps than
+    one server's share would take."""
+    fleet = fleet_run("chunked", 32.0, 400, 4, 0, "round-robin")
+    single = fleet_run("chunked", 8.0, 100, 1, 0, "round-robin")
+    assert fleet["completed"] == 400 and single["completed"] == 100
+    assert fleet["steps"] > 3 * single["steps"]
