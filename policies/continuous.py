@@ -28,6 +28,15 @@ class ContinuousBatching:
     def __call__(self, view: View) -> Step:
         prefill: dict[Request, int] = {}
         budget = self.max_num_batched_tokens
+        for request in view.prefilling:
+            # A prompt admitted whole can be left unfinished only by prefix caching: part of the cached
+            # prefix it was admitted with was evicted by the blocks the same step took first. Its rest
+            # runs before anything else.
+            if not request.is_decoding and request.num_pending <= budget:
+                prefill[request] = request.num_pending
+                budget -= request.num_pending
+        if prefill:
+            return Step(prefill)
         free_blocks = view.kv.num_free
         num_seqs = view.num_running
         joins = False

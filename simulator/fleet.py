@@ -50,6 +50,7 @@ from simulator.step import Policy
 from simulator.steplog import StepLog
 from simulator.transfer import KVLink, links
 from workloads import Workload
+from workloads.prefixes import output_segment
 
 
 @dataclass
@@ -64,6 +65,8 @@ class Pool:
     kv_blocks: int
     block_size: int
     router: Router
+    prefix_caching: bool = False
+    """Its servers keep a prefix cache (`simulator.kv`)."""
 
 
 @dataclass
@@ -99,6 +102,9 @@ class ServerLoad:
             used += int(taken[min(bisect_left(ends, server.env.now), len(ends) - 1)])
         return used / kv.num_blocks
 
+    def cached_tokens(self, request: Request) -> int:
+        return self.server.kv.cached_tokens(request)
+
 
 class NextArrival:
     """When the next request that may be routed to a server arrives (inf once none will): an open
@@ -132,6 +138,7 @@ def run_fleet(pools: list[Pool], link: KVLink | None, workload: Workload, time_l
     prompts, outputs = workload.prompt_tokens.tolist(), workload.output_tokens.tolist()
     priorities = workload.priority.tolist() if workload.priority is not None else [0] * n
     requests: list[Request] = []
+    contents = workload.content
     entry = pools[0]
     served = [[-1] * n for _ in pools]
     prefill_end, transfer_start, transfer_end = [math.nan] * n, [math.nan] * n, [math.nan] * n
@@ -141,7 +148,8 @@ def run_fleet(pools: list[Pool], link: KVLink | None, workload: Workload, time_l
         if on_step is not None:
             on_step(sum(server.num_finished for server in servers[-1]), at)
 
-    servers = [[Server(env, policy, pool.cost, KVBlocks(pool.kv_blocks, pool.block_size), StepLog(), time_limit,
+    servers = [[Server(env, policy, pool.cost, KVBlocks(pool.kv_blocks, pool.block_size, pool.prefix_caching),
+                       StepLog(), time_limit,
                        on_step=progress if on_step is not None else None) for policy in pool.policies]
                for pool in pools]
     for index, server in enumerate(server for pool_servers in servers for server in pool_servers):
@@ -151,13 +159,15 @@ def run_fleet(pools: list[Pool], link: KVLink | None, workload: Workload, time_l
     def make_request(arrival: float) -> Request:
         i = len(requests)
         request = Request(i, arrival, prompts[i], 1 if link is not None else outputs[i], priorities[i])
+        if contents is not None:
+            request.content = (*contents[i], output_segment(i, outputs[i]))
         requests.append(request)
         return request
 
     def route(pool: int, request: Request, at: float | None = None, source: int = -1) -> int:
         """The pool's router picks a server; the entry pool's gets the request (sent at `at` from
         the finish of server `source`, when a closed-loop client sends it)."""
-        i = pools[pool].router(loads[pool], request.id)
+        i = pools[pool].router(loads[pool], request)
         served[pool][request.id] = first_index[pool] + i
         if pool == 0:
             if at is not None and source > i:
@@ -262,6 +272,9 @@ def merge_logs(logs: list[StepLog]) -> tuple[StepLog, np.ndarray]:
         merged.token_request.extend(log.token_request)
         merged.run_request.extend(log.run_request)
         merged.run_count.extend(log.run_count)
+        _extend_shifted(merged.cache_step, log.cache_step, step_offset)
+        merged.cache_queried.extend(log.cache_queried)
+        merged.cache_hit.extend(log.cache_hit)
         _extend_shifted(merged.token_step, log.token_step, step_offset)
         _extend_shifted(merged.lazy_step, log.lazy_step, step_offset)
         _extend_shifted(merged.run_first, log.run_first, lazy_offset)

@@ -19,10 +19,15 @@ if TYPE_CHECKING:
 def fleet_columns(fleet: FleetResult, requests: pl.DataFrame, steps: pl.DataFrame
                   ) -> tuple[pl.DataFrame, pl.DataFrame]:
     """requests gain `replica` (or `prefill_server`, `decode_server`, `prefill_end`,
-    `transfer_start`, `transfer_end`; -1 and null where it did not happen), steps gain `server`."""
+    `transfer_start`, `transfer_end`; -1 and null where it did not happen), steps gain `server`,
+    and their prefix-cache hit rate so far is each server's."""
     columns = [pl.Series(name, values).fill_nan(None) if values.dtype.kind == "f" else pl.Series(name, values)
                for name, values in fleet.request_columns.items()]
-    return requests.with_columns(columns), steps.with_columns(pl.Series("server", fleet.step_server))
+    steps = steps.with_columns(pl.Series("server", fleet.step_server))
+    # Each server's own hit rate so far (the step log holds one server's steps after another's).
+    queried = pl.col("prefix_cache_queried_tokens").cum_sum().over("server")
+    hit_rate = pl.when(queried > 0).then(pl.col("prefix_cache_hit_tokens").cum_sum().over("server") / queried)
+    return requests.with_columns(columns), steps.with_columns(hit_rate.alias("prefix_cache_hit_rate"))
 
 
 def _mean(values: pl.Series) -> float | None:

@@ -250,6 +250,16 @@ class KVBlocks:
         request.hit_blocks = len(hits)
         request.hit_in_use = len(hits) - list(map(refs.__getitem__, hits)).count(0)
 
+    def cached_tokens(self, request: Request) -> int:
+        """Prompt tokens of `request` cached here now, as its admission here would skip them
+        (block-aligned, the last prompt token left to compute); 0 without caching or prefix
+        identity. It only reads: a prefix-aware router asks every server."""
+        if not self.caching or request.content is None:
+            return 0
+        limit = (request.prompt_tokens + request.emitted - 1) // self.block_size
+        hits = takewhile(self._refs.__contains__, islice(self._keys(request), limit))
+        return sum(1 for _ in hits) * self.block_size
+
     def take_hit(self, request: Request) -> None:
         """At admission: hold the hit blocks `look_up` found that are still cached, and count the
         query."""

@@ -9,6 +9,7 @@ from dataclasses import replace
 from policies import build_policy
 from simulator.config import RunConfig
 from simulator.cost import CostModel, build_cost_model
+from simulator.errors import InputError
 from simulator.fleet import FleetEngine, Pool, run_fleet
 from simulator.fleet_settings import disaggregated
 from simulator.hardware import GpuSpec
@@ -36,14 +37,21 @@ def build_pools(config: RunConfig, model: ModelSpec, gpu: GpuSpec, workload: Wor
                 ) -> tuple[list[Pool], KVLink | None]:
     """The pools (fresh policies and routers) and, for P/D, the KV link; refuses a workload a pool
     could never serve, before anything runs. `cost` replaces every pool's cost model."""
+    if workload.turns > 1:
+        raise InputError(f"--num-turns {workload.turns} runs on one server: a fleet does not route conversations "
+                         "(drop --num-replicas, or --prefill-replicas and --decode-replicas)")
     longest = int(workload.prompt_tokens.max())
     pools = []
     for index, (role, count, pool_config) in enumerate(pool_configs(config)):
         kv_blocks = kv_cache_blocks(pool_config, model, gpu, longest)
         check_fits(workload, pool_config, model, kv_blocks)
-        pools.append(Pool(role, [build_policy(pool_config) for _ in range(count)],
-                          cost or build_cost_model(pool_config, model, gpu), kv_blocks, config.block_size,
-                          build_router(config.router, count, workload.num_requests, config.seed, index)))
+        policies = [build_policy(pool_config) for _ in range(count)]
+        # A decode server receives prompts computed elsewhere: it has no prefill to skip.
+        caching = (config.enable_prefix_caching and workload.content is not None and policies[0].prefix_hits
+                   and role != "decode")
+        pools.append(Pool(role, policies, cost or build_cost_model(pool_config, model, gpu), kv_blocks,
+                          config.block_size, build_router(config.router, count, workload.num_requests, config.seed,
+                                                          index), caching))
     link = None
     if disaggregated(config):
         kv_bytes = max(gpu_shard(pool_config, model).kv_bytes_per_token for _, _, pool_config in pool_configs(config))

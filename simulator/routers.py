@@ -1,13 +1,15 @@
 """Routers: which server of a pool a request goes to, decided when it arrives from live state.
 
 A router is called with the pool's servers as `Load`s (what each holds at this instant) and the
-request's id, and returns a server's index. Ties go to the lowest index.
+request, and returns a server's index. Ties go to the lowest index.
 
 - `round-robin`: servers in turn, one request each;
 - `random`: uniform, drawn for every request id up front from the run's own seed stream (so the
   choice does not depend on the order in which requests reach the router);
 - `least-loaded`: fewest waiting + running requests (join the shortest queue);
-- `least-kv`: lowest share of the KV cache in use.
+- `least-kv`: lowest share of the KV cache in use;
+- `prefix-aware`: the server whose prefix cache holds the longest prefix of the request's prompt
+  (`simulator.kv`), ties by fewest waiting + running requests, then index.
 """
 
 from __future__ import annotations
@@ -18,9 +20,12 @@ from typing import Protocol
 
 import numpy as np
 
-ROUTERS = ("round-robin", "random", "least-loaded", "least-kv")
-RANDOM_ROUTER_STREAM = 4
-"""The router's stream among those spawned from the seed (arrivals and lengths 0-2, priorities 3)."""
+from simulator.request import Request
+
+ROUTERS = ("round-robin", "random", "least-loaded", "least-kv", "prefix-aware")
+RANDOM_ROUTER_STREAM = 5
+"""The router's stream among those spawned from the seed (arrivals and lengths 0-2, priorities 3,
+shared prefixes 4)."""
 
 
 class Load(Protocol):
@@ -34,15 +39,18 @@ class Load(Protocol):
     def kv_share(self) -> float:
         """Share of the KV blocks in use."""
 
+    def cached_tokens(self, request: Request) -> int:
+        """Tokens of the request's prompt its prefix cache would skip."""
 
-Router = Callable[[Sequence[Load], int], int]
+
+Router = Callable[[Sequence[Load], Request], int]
 
 
 @dataclass
 class RoundRobin:
     turn: int = 0
 
-    def __call__(self, servers: Sequence[Load], request_id: int) -> int:
+    def __call__(self, servers: Sequence[Load], request: Request) -> int:
         index = self.turn % len(servers)
         self.turn += 1
         return index
@@ -53,18 +61,23 @@ class RandomChoice:
     choices: np.ndarray = field(repr=False)
     """The server of request i, drawn for every request id."""
 
-    def __call__(self, servers: Sequence[Load], request_id: int) -> int:
-        return int(self.choices[request_id])
+    def __call__(self, servers: Sequence[Load], request: Request) -> int:
+        return int(self.choices[request.id])
 
 
-def least_loaded(servers: Sequence[Load], request_id: int) -> int:
+def least_loaded(servers: Sequence[Load], request: Request) -> int:
     loads = [server.num_requests for server in servers]
     return loads.index(min(loads))
 
 
-def least_kv(servers: Sequence[Load], request_id: int) -> int:
+def least_kv(servers: Sequence[Load], request: Request) -> int:
     shares = [server.kv_share for server in servers]
     return shares.index(min(shares))
+
+
+def prefix_aware(servers: Sequence[Load], request: Request) -> int:
+    ranks = [(-server.cached_tokens(request), server.num_requests) for server in servers]
+    return ranks.index(min(ranks))
 
 
 def planned_routes(router: Router, num_servers: int, num_requests: int) -> np.ndarray | None:
@@ -89,4 +102,6 @@ def build_router(name: str, num_servers: int, num_requests: int, seed: int, pool
         return least_loaded
     if name == "least-kv":
         return least_kv
+    if name == "prefix-aware":
+        return prefix_aware
     raise ValueError(f"unknown router {name!r}")

@@ -317,6 +317,9 @@ class OracleLoad:
     def kv_share(self) -> float:
         return sum(r.blocks for r in self.server.run_list) / self.server.kv.num_blocks
 
+    def cached_tokens(self, request: Request) -> int:
+        return self.server.kv.cached_tokens(request)
+
 
 def run_oracle_fleet(pools: list[Pool], link: KVLink | None, workload: Workload, time_limit: float | None,
                      on_step: Callable[[int, float], None] | None = None
@@ -333,8 +336,10 @@ def run_oracle_fleet(pools: list[Pool], link: KVLink | None, workload: Workload,
     def route(arrival: float) -> None:
         i = len(requests)
         request = Request(i, arrival, int(workload.prompt_tokens[i]), int(workload.output_tokens[i]), priorities[i])
+        if workload.content is not None:
+            request.content = (*workload.content[i], output_segment(i, int(workload.output_tokens[i])))
         requests.append(request)
-        chosen = pool.router(loads, i)
+        chosen = pool.router(loads, request)
         replica.append(chosen)
         servers[chosen].submit(request)
 
@@ -342,8 +347,8 @@ def run_oracle_fleet(pools: list[Pool], link: KVLink | None, workload: Workload,
         if workload.arrival is None and len(requests) < workload.num_requests:
             route(at)
 
-    servers = [OracleServer(env, policy, pool.cost, KVBlocks(pool.kv_blocks, pool.block_size), on_finish=next_client)
-               for policy in pool.policies]
+    servers = [OracleServer(env, policy, pool.cost, KVBlocks(pool.kv_blocks, pool.block_size, pool.prefix_caching),
+                            on_finish=next_client) for policy in pool.policies]
     for index, server in enumerate(servers):
         server.priority = NORMAL + index
     loads = [OracleLoad(server) for server in servers]

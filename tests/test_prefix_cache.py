@@ -243,3 +243,14 @@ def test_report_draws_the_hit_rate_over_time(tmp_path: Path, capsys: pytest.Capt
                            / HIT_RATE_WINDOWS)
     assert windows.y[0] == pytest.approx(first["prefix_cache_hit_tokens"].sum()
                                          / first["prefix_cache_queried_tokens"].sum() * 100)
+
+
+def test_continuous_finishes_a_prompt_whose_hit_was_evicted_at_admission() -> None:
+    """Tight KV, shared prefixes, continuous batching: some admissions find part of their looked-up
+    prefix evicted by the blocks the same step took first, leaving their prompt unfinished; the
+    policy computes the rest (it used to schedule nothing and stall). Every request finishes."""
+    config = RunConfig(policy="continuous", concurrency=48, num_requests=1500, prefix_len=600, num_prefixes=4,
+                       input_len=500, num_gpu_blocks_override=900)
+    result = simulate(config)
+    assert (result.requests.emitted == result.requests.output_tokens).all()
+    assert result.requests.cached_tokens.sum() > 0
