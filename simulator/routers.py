@@ -23,9 +23,10 @@ import numpy as np
 from simulator.request import Request
 
 ROUTERS = ("round-robin", "random", "least-loaded", "least-kv", "prefix-aware")
-RANDOM_ROUTER_STREAM = 5
-"""The router's stream among those spawned from the seed (arrivals and lengths 0-2, priorities 3,
-shared prefixes 4)."""
+RANDOM_ROUTER_STREAM = 4
+"""The router's stream among those spawned from the seed (arrivals and lengths 0-2, priorities 3);
+its draws come from children of that stream (one per pool), so they are independent of the shared
+prefixes' choice, which stream 4 itself draws."""
 
 
 class Load(Protocol):
