@@ -10,8 +10,8 @@ With it (vLLM V1's automatic prefix caching, `KVBlocks(caching=True)`):
   offsets are equal tokens. Block i of a request covers tokens [i * block_size, (i + 1) * block_size)
   and its key is a chained hash, a function of its parent's key and its own tokens, so equal keys
   mean equal prefixes: `block_keys` chains by segment (one hash per segment for what came before,
-  one per block for the offset of its last token in its segment), which is that identity computed
-  a segment at a time. Python's hash of a tuple of ints does not depend on PYTHONHASHSEED, so keys
+  plus the offset of a block's last token in its segment), which is that identity computed a
+  segment at a time. Python's hash of a tuple of ints does not depend on PYTHONHASHSEED, so keys
   (and runs) are the same in every process; a 64-bit collision would count as a hit, as vLLM
   accepts with its own hash. Only full blocks have keys.
 - Caching. A block is registered under its key when a request computes it outside a decode step
@@ -49,7 +49,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
-from itertools import compress, count, repeat
+from itertools import compress, count
 from operator import ne
 from typing import Any
 
@@ -140,7 +140,6 @@ class KVBlocks:
         """Free blocks in queue order: free spans, and uncached blocks as runs [count]. A span
         emptied by a hit stays in it, empty, until the head reaches it."""
         self._num_cached = 0
-        self._segment_keys: dict[tuple[int, int, int, int], tuple[list[int], int]] = {}
 
     @property
     def num_used(self) -> int:
@@ -326,7 +325,7 @@ class KVBlocks:
     def _keys(self, request: Request) -> list[int]:
         if request.block_keys is None:
             assert request.content is not None
-            request.block_keys = block_keys(request.content, self.block_size, self._segment_keys)
+            request.block_keys = block_keys(request.content, self.block_size)
         return request.block_keys
 
 
@@ -364,30 +363,19 @@ def _hold(request: Request, end: int, cached: bool) -> None:
         runs.append((end, cached))
 
 
-SEGMENT_KEYS_KEPT = 1 << 16
-"""Segments whose block keys `block_keys` remembers (then it starts afresh)."""
-
-
-def block_keys(content: tuple[tuple[int, int], ...], block_size: int,
-               memo: dict[tuple[int, int, int, int], tuple[list[int], int]]) -> list[int]:
+def block_keys(content: tuple[tuple[int, int], ...], block_size: int) -> list[int]:
     """The keys of the full blocks of `content` (segments as (segment id, tokens)).
 
     Chained by segment: `chain` stands for everything before a segment (0 at the start, then
     hash((chain, segment, tokens)) after each); a block ending `offset` tokens into a segment has
-    key hash((chain, segment, offset)), which is thus a function of the whole prefix up to its last
-    token. A segment's keys are computed once per chain and block size (`memo`), so a prefix many
-    prompts share costs one pass."""
+    key hash((chain, segment)) + offset, which is thus a function of the whole prefix up to its last
+    token, and a segment's keys are one range of integers (two segments' ranges overlap with odds
+    of a 64-bit collision)."""
     keys: list[int] = []
     chain = position = 0
     for segment, length in content:
-        known = memo.get((chain, segment, length, block_size))
-        if known is None:
-            ends = range(block_size - position % block_size, length + 1, block_size)
-            known = (list(map(hash, zip(repeat(chain), repeat(segment), ends))), hash((chain, segment, length)))
-            if len(memo) >= SEGMENT_KEYS_KEPT:
-                memo.clear()
-            memo[(chain, segment, length, block_size)] = known
-        keys += known[0]
-        chain = known[1]
+        base = hash((chain, segment))
+        keys += range(base + block_size - position % block_size, base + length + 1, block_size)
+        chain = hash((chain, segment, length))
         position += length
     return keys

@@ -97,9 +97,9 @@ def test_lru_worst_case(room: int) -> None:
 def test_block_keys_are_chained() -> None:
     """Equal content at equal positions gives equal keys, and a difference anywhere changes every
     later key; a partial block has none."""
-    a = block_keys(((7, 40), (8, 30)), 16, {})
-    b = block_keys(((7, 40), (9, 30)), 16, {})
-    c = block_keys(((6, 8), (7, 32), (8, 30)), 16, {})
+    a = block_keys(((7, 40), (8, 30)), 16)
+    b = block_keys(((7, 40), (9, 30)), 16)
+    c = block_keys(((6, 8), (7, 32), (8, 30)), 16)
     assert len(a) == 4 and a[:2] == b[:2] and a[2] != b[2] and a[3] != b[3]
     assert not set(a) & set(c)
 
