@@ -46,11 +46,11 @@ With it (vLLM V1's automatic prefix caching, `KVBlocks(caching=True)`):
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
 from itertools import compress, count
-from operator import ne
 from typing import Any
 
 from simulator.errors import InputError
@@ -270,8 +270,10 @@ class KVBlocks:
                 i = stop
                 continue
             stop = min(end, span.end)
-            if span.keys is not keys and keys[i:stop] != span.keys[i:stop]:  # the prompts part inside it
-                stop = i + next(compress(count(), map(ne, keys[i:stop], span.keys[i:stop])))
+            theirs = span.keys
+            if theirs is not keys and keys[stop - 1] != theirs[stop - 1]:  # the prompts part inside it
+                # Chained keys: equal at a block, equal at every block before it.
+                stop = i + bisect_left(range(i, stop), True, key=lambda j: keys[j] != theirs[j])
             pieces.append((span, i, stop))
             i = stop
         return pieces
