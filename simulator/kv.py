@@ -10,8 +10,8 @@ With it (vLLM V1's automatic prefix caching, `KVBlocks(caching=True)`):
   offsets are equal tokens. Block i of a request covers tokens [i * block_size, (i + 1) * block_size)
   and its key is a chained hash, a function of its parent's key and its own tokens, so equal keys
   mean equal prefixes: `block_keys` chains by segment (one hash per segment for what came before,
-  one per block for the offset of its last token in its segment), which is that identity computed
-  a segment at a time. Python's hash of a tuple of ints does not depend on PYTHONHASHSEED, so keys
+  plus the offset of a block's last token in its segment), which is that identity computed a
+  segment at a time. Python's hash of a tuple of ints does not depend on PYTHONHASHSEED, so keys
   (and runs) are the same in every process; a 64-bit collision would count as a hit, as vLLM
   accepts with its own hash. Only full blocks have keys.
 - Caching. A block is registered under its key when a request computes it outside a decode step
@@ -22,11 +22,17 @@ With it (vLLM V1's automatic prefix caching, `KVBlocks(caching=True)`):
 - Free pool. Blocks with no reference, cached or not, count as free: `num_free`. They form one FIFO
   queue, vLLM's free-block queue: a released request appends its blocks in reverse (its last block
   first, so a request's tail is evicted before its prefix); taking a block pops the queue's head,
-  and a cached block popped is evicted (its key forgotten). Uncached free blocks are kept as runs of
-  consecutive queue positions, so the queue costs O(1) per run, not per block; a request's blocks
-  are registered, held, freed and evicted with C-level bulk operations (itertools over dicts), the
-  block-by-block rules of tests/kv_reference.py, which the tests hold this to. A hit on a cached
-  block nobody holds takes it out of the queue.
+  and a cached block popped is evicted (its key forgotten). A hit on a cached block nobody holds
+  takes it out of the queue.
+- Spans. The rules are block by block (tests/kv_reference.py says them so, and the tests hold this
+  module to it, table for table); the bookkeeping is by spans, so it costs per span, not per block.
+  A span is consecutive cached blocks of one chain that the same requests hold (`Span`): created
+  whole when a request registers blocks not cached, split where a hit ends inside it, shortened
+  from its end when evicted. Only a span's first key is indexed: a key is in at most one span, so
+  walking a request's keys, the span holding block j either begins at j or holds block j - 1 too
+  (`_pieces`). A request holds its blocks as runs (cached spans, uncached copies); freed, a span
+  joins the queue whole, its last block first, as a request's blocks released in reverse would;
+  uncached free blocks are runs of counts in the same queue.
 - Hits. A waiting request's hit is its longest prefix of cached blocks, at most
   `(prompt + emitted - 1) // block_size` blocks so that the last token is recomputed (vLLM). It is
   looked up, without side effects, whenever the policy reads the request in the waiting queue
@@ -41,12 +47,11 @@ With it (vLLM V1's automatic prefix caching, `KVBlocks(caching=True)`):
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections import OrderedDict, deque
+from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
-from itertools import compress, islice, repeat, takewhile
-from operator import add, eq, not_, sub
-from typing import Any, cast
+from itertools import compress, count
+from typing import Any
 
 from simulator.errors import InputError
 from simulator.model import ModelSpec
@@ -103,6 +108,18 @@ def kv_capacity_blocks(*, memory_bytes: int, gpu_memory_utilization: float, weig
     return blocks
 
 
+@dataclass(eq=False, slots=True)
+class Span:
+    """Cached blocks `keys[first:end]` (block indices first..end - 1 of every request whose prompt
+    they begin), held by the same `refs` requests; with none, free and in the free queue, where
+    its last block comes first."""
+
+    keys: list[int]
+    first: int
+    end: int
+    refs: int
+
+
 @dataclass
 class KVBlocks:
     """Paged KV memory as block counts, and with `caching` the prefix cache over them (module
@@ -117,14 +134,12 @@ class KVBlocks:
         self.num_free = self.num_blocks
         self.queried_tokens = 0
         self.hit_tokens = 0
-        self._refs: dict[int, int] = {}
-        """Cached block key -> requests holding it (0: free, in the queue)."""
-        self._evictable: OrderedDict[int, int] = OrderedDict()
-        """Free cached blocks in queue order: key -> queue position."""
-        self._uncached: deque[list[int]] = deque([[0, self.num_blocks]])
-        """Free uncached blocks as runs [first queue position, count], in queue order."""
-        self._next_position = self.num_blocks
-        self._segment_keys: dict[tuple[int, int, int, int], tuple[list[int], int]] = {}
+        self._starts: dict[int, Span] = {}
+        """Each cached span by its first block's key (a cached key is in one span)."""
+        self._queue: deque[Span | list[int]] = deque([[self.num_blocks]])
+        """Free blocks in queue order: free spans, and uncached blocks as runs [count]. A span
+        emptied by a hit stays in it, empty, until the head reaches it."""
+        self._num_cached = 0
 
     @property
     def num_used(self) -> int:
@@ -132,7 +147,7 @@ class KVBlocks:
 
     @property
     def num_cached(self) -> int:
-        return len(self._refs)
+        return self._num_cached
 
     def blocks_for(self, tokens: int) -> int:
         return -(-tokens // self.block_size)
@@ -148,24 +163,22 @@ class KVBlocks:
         self.num_free -= n
         if not self.caching:
             return
-        uncached, evictable = self._uncached, self._evictable
+        queue = self._queue
         while n:
-            head = next(iter(evictable.values())) if evictable else self._next_position
-            if uncached and uncached[0][0] < head:
-                run = uncached[0]
-                count = min(n, run[1], head - run[0])
-                run[0] += count
-                run[1] -= count
-                n -= count
-                if not run[1]:
-                    uncached.popleft()
-                continue
-            count = n
-            if uncached:  # evict up to the next uncached run in the queue
-                count = bisect_left(list(islice(evictable.values(), n)), uncached[0][0])
-            evicted = list(islice(evictable, count))
-            deque(map(evictable.pop, evicted), 0)
-            deque(map(self._refs.__delitem__, evicted), 0)
+            entry = queue[0]
+            if isinstance(entry, Span):
+                count = min(n, entry.end - entry.first)
+                entry.end -= count
+                self._num_cached -= count
+                if entry.end == entry.first:
+                    queue.popleft()
+                    if count:
+                        del self._starts[entry.keys[entry.first]]
+            else:
+                count = min(n, entry[0])
+                entry[0] -= count
+                if not entry[0]:
+                    queue.popleft()
             n -= count
 
     def grow(self, request: Request, tokens: int) -> None:
@@ -182,41 +195,38 @@ class KVBlocks:
             assert self.num_free <= self.num_blocks
             return
         self.register(request, request.computed)
-        held = request.held_keys or []
-        self._free_uncached(request.blocks - len(held))
-        refs = self._refs
-        if None in held:  # uncached copies among them take their own places in the queue
-            for key in reversed(held):
-                if key is None:
-                    self._free_uncached(1)
-                else:
-                    self._free_cached([key], [refs[key]])
-        elif held:
-            keys = cast(list[int], held)
-            self._free_cached(keys, list(map(refs.__getitem__, keys)))
-        held.clear()
+        runs = request.held_runs or []
+        self._free_uncached(request.blocks - (runs[-1][0] if runs else 0))
+        starts, queue = self._starts, self._queue
+        keys = request.block_keys
+        for k in range(len(runs) - 1, -1, -1):
+            first, (end, cached) = runs[k - 1][0] if k else 0, runs[k]
+            if not cached:
+                self._free_uncached(end - first)
+                continue
+            assert keys is not None
+            spans = []
+            while first < end:  # its cached runs are whole spans (a hit splits the span it ends in)
+                span = starts[keys[first]]
+                spans.append(span)
+                first = span.end
+            for span in reversed(spans):
+                span.refs -= 1
+                if not span.refs:
+                    queue.append(span)
+                    self.num_free += span.end - span.first
+        request.held_runs = None
         request.blocks = 0
         assert self.num_free <= self.num_blocks
-
-    def _free_cached(self, keys: list[int], counts: list[int]) -> None:
-        """Drop one reference to each of `keys` (cached, in block order); those left with none join
-        the queue, last block first."""
-        self._refs.update(zip(keys, map(sub, counts, repeat(1)), strict=True))
-        freed = list(compress(reversed(keys), map(eq, reversed(counts), repeat(1))))
-        position = self._next_position
-        self._evictable.update(zip(freed, range(position, position + len(freed)), strict=True))
-        self._next_position += len(freed)
-        self.num_free += len(freed)
 
     def _free_uncached(self, count: int) -> None:
         if not count:
             return
-        uncached = self._uncached
-        if uncached and uncached[-1][0] + uncached[-1][1] == self._next_position:
-            uncached[-1][1] += count
+        queue = self._queue
+        if queue and not isinstance(queue[-1], Span):
+            queue[-1][0] += count
         else:
-            uncached.append([self._next_position, count])
-        self._next_position += count
+            queue.append([count])
         self.num_free += count
 
     def register(self, request: Request, tokens: int) -> None:
@@ -224,31 +234,64 @@ class KVBlocks:
         if request.content is None:
             return
         keys = self._keys(request)
-        held = _held(request)
-        new = keys[len(held):tokens // self.block_size]
-        refs = self._refs
-        if refs.keys().isdisjoint(new):
-            refs.update(zip(new, repeat(1), strict=False))
-            held.extend(new)
+        runs = request.held_runs
+        held = runs[-1][0] if runs else 0
+        end = min(tokens // self.block_size, len(keys))
+        if held >= end:
             return
-        for key in new:
-            if key in refs:
-                held.append(None)  # an equal block is cached already: this copy stays uncached
-            else:
-                refs[key] = 1
-                held.append(key)
+        # After a block it holds cached, its next block can only begin a span; after a copy, walk
+        # from the start (the copy's span may reach on).
+        for span, first, stop in self._pieces(keys, held if not runs or runs[-1][1] else 0, end, whole=True):
+            if stop <= held:
+                continue
+            first = max(first, held)
+            if span is None:
+                self._starts[keys[first]] = Span(keys, first, stop, 1)
+                self._num_cached += stop - first
+            _hold(request, stop, cached=span is None)
+            held = stop
+
+    def _pieces(self, keys: list[int], i: int, end: int, whole: bool) -> list[tuple[Any, int, int]]:
+        """keys[i:end] as (span, first, stop) pieces in order, span None where not cached (with
+        `whole`; else up to the first block not cached). No span may hold both keys[i - 1] and
+        keys[i]: a key is in one span, so the span holding keys[j] either begins at j or holds
+        keys[j - 1] too."""
+        starts = self._starts
+        pieces: list[tuple[Any, int, int]] = []
+        while i < end:
+            span = starts.get(keys[i])
+            if span is None:
+                if not whole:
+                    break
+                rest = keys[i + 1:end]
+                stop = end if starts.keys().isdisjoint(rest) else next(
+                    compress(count(i + 1), map(starts.__contains__, rest)))
+                pieces.append((None, i, stop))
+                i = stop
+                continue
+            stop = min(end, span.end)
+            theirs = span.keys
+            if theirs is not keys and keys[stop - 1] != theirs[stop - 1]:  # the prompts part inside it
+                # Chained keys: equal at a block, equal at every block before it.
+                stop = i + bisect_left(range(i, stop), True, key=lambda j: keys[j] != theirs[j])
+            pieces.append((span, i, stop))
+            i = stop
+        return pieces
 
     def look_up(self, request: Request) -> None:
         """A waiting request's hit as of now, without taking it (see the module docstring)."""
         if request.content is None:
             return
         keys = self._keys(request)
-        refs = self._refs
-        limit = (request.prompt_tokens + request.emitted - 1) // self.block_size
-        hits = list(takewhile(refs.__contains__, islice(keys, limit)))
-        request.computed = len(hits) * self.block_size
-        request.hit_blocks = len(hits)
-        request.hit_in_use = len(hits) - list(map(refs.__getitem__, hits)).count(0)
+        limit = min(len(keys), (request.prompt_tokens + request.emitted - 1) // self.block_size)
+        hits = in_use = 0
+        for span, first, stop in self._pieces(keys, 0, limit, whole=False):
+            hits = stop
+            if span.refs:
+                in_use += stop - first
+        request.computed = hits * self.block_size
+        request.hit_blocks = hits
+        request.hit_in_use = in_use
 
     def cached_tokens(self, request: Request) -> int:
         """Prompt tokens of `request` cached here now, as its admission here would skip them
@@ -265,16 +308,26 @@ class KVBlocks:
         query."""
         if request.content is None:
             return
-        refs = self._refs
-        hits = list(takewhile(refs.__contains__, islice(self._keys(request), request.hit_blocks)))
-        counts = list(map(refs.__getitem__, hits))
-        unheld = list(compress(hits, map(not_, counts)))
-        deque(map(self._evictable.pop, unheld), 0)
-        self.num_free -= len(unheld)
-        refs.update(zip(hits, map(add, counts, repeat(1)), strict=True))
-        _held(request).extend(hits)
-        request.blocks = len(hits)
-        request.computed = len(hits) * self.block_size
+        keys = self._keys(request)
+        starts = self._starts
+        hits = 0
+        assert not request.held_runs
+        for span, first, stop in self._pieces(keys, 0, request.hit_blocks, whole=False):
+            # The hit is a prefix of the span: that part is held by one more request, as a new
+            # span; the rest stays where it was (in the queue if free: there, emptied, it is dropped
+            # when the head reaches it).
+            held = Span(keys, first, stop, span.refs + 1)
+            span.first = stop
+            if stop < span.end:
+                starts[span.keys[stop]] = span
+            if not span.refs:
+                self.num_free -= stop - first
+            starts[keys[first]] = held
+            hits = stop
+        if hits:
+            _hold(request, hits, cached=True)
+        request.blocks = hits
+        request.computed = hits * self.block_size
         request.hit_blocks = request.hit_in_use = 0
         self.queried_tokens += request.prompt_tokens + request.emitted
         self.hit_tokens += request.computed
@@ -284,7 +337,7 @@ class KVBlocks:
     def _keys(self, request: Request) -> list[int]:
         if request.block_keys is None:
             assert request.content is not None
-            request.block_keys = block_keys(request.content, self.block_size, self._segment_keys)
+            request.block_keys = block_keys(request.content, self.block_size)
         return request.block_keys
 
 
@@ -311,36 +364,30 @@ class WaitingWithHits:
         return request
 
 
-def _held(request: Request) -> list[int | None]:
-    if request.held_keys is None:
-        request.held_keys = []
-    return request.held_keys
+def _hold(request: Request, end: int, cached: bool) -> None:
+    """The request now holds its blocks up to `end`, cached (in spans) or uncached copies."""
+    runs = request.held_runs
+    if runs is None:
+        request.held_runs = [(end, cached)]
+    elif runs[-1][1] == cached:
+        runs[-1] = (end, cached)
+    else:
+        runs.append((end, cached))
 
 
-SEGMENT_KEYS_KEPT = 1 << 16
-"""Segments whose block keys `block_keys` remembers (then it starts afresh)."""
-
-
-def block_keys(content: tuple[tuple[int, int], ...], block_size: int,
-               memo: dict[tuple[int, int, int, int], tuple[list[int], int]]) -> list[int]:
+def block_keys(content: tuple[tuple[int, int], ...], block_size: int) -> list[int]:
     """The keys of the full blocks of `content` (segments as (segment id, tokens)).
 
     Chained by segment: `chain` stands for everything before a segment (0 at the start, then
     hash((chain, segment, tokens)) after each); a block ending `offset` tokens into a segment has
-    key hash((chain, segment, offset)), which is thus a function of the whole prefix up to its last
-    token. A segment's keys are computed once per chain and block size (`memo`), so a prefix many
-    prompts share costs one pass."""
+    key hash((chain, segment)) + offset, which is thus a function of the whole prefix up to its last
+    token, and a segment's keys are one range of integers (two segments' ranges overlap with odds
+    of a 64-bit collision)."""
     keys: list[int] = []
     chain = position = 0
     for segment, length in content:
-        known = memo.get((chain, segment, length, block_size))
-        if known is None:
-            ends = range(block_size - position % block_size, length + 1, block_size)
-            known = (list(map(hash, zip(repeat(chain), repeat(segment), ends))), hash((chain, segment, length)))
-            if len(memo) >= SEGMENT_KEYS_KEPT:
-                memo.clear()
-            memo[(chain, segment, length, block_size)] = known
-        keys += known[0]
-        chain = known[1]
+        base = hash((chain, segment))
+        keys += range(base + block_size - position % block_size, base + length + 1, block_size)
+        chain = hash((chain, segment, length))
         position += length
     return keys

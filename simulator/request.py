@@ -43,10 +43,11 @@ class Request:
     (see `simulator.kv`)."""
     cached_tokens: int = 0
     """Prompt tokens found in the prefix cache at its first admission (vLLM's num_cached_tokens)."""
-    # The prefix cache's bookkeeping (simulator.kv): chained block keys, the keys of the blocks it
-    # holds (None: an uncached copy), and a waiting request's looked-up hit.
+    # The prefix cache's bookkeeping (simulator.kv): chained block keys, the blocks it holds as
+    # runs (block index it ends at, cached or uncached copies), and a waiting request's
+    # looked-up hit.
     block_keys: list[int] | None = None
-    held_keys: list[int | None] | None = None
+    held_runs: list[tuple[int, bool]] | None = None
     hit_blocks: int = 0
     hit_in_use: int = 0
     # The engine's bookkeeping while the request is one of the lazy decoders.

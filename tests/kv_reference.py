@@ -4,12 +4,39 @@ Keys come from `simulator.kv.block_keys`, so both hash the same blocks alike."""
 
 from __future__ import annotations
 
+from collections import OrderedDict, deque
+
 from simulator.kv import KVBlocks
 from simulator.request import Request
 
 
 class ReferenceKVBlocks(KVBlocks):
-    """`simulator.kv.KVBlocks` with its cache bookkeeping one block at a time."""
+    """`simulator.kv.KVBlocks` with its cache bookkeeping one block at a time, in state of its own:
+    each cached key's reference count, the free queue as positions (cached blocks one by one,
+    uncached ones as runs), and each request's held keys (None: an uncached copy)."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self._refs: dict[int, int] = {}
+        self._evictable: OrderedDict[int, int] = OrderedDict()
+        self._uncached: deque[list[int]] = deque([[0, self.num_blocks]])
+        self._next_position = self.num_blocks
+        self._held: dict[int, list[int | None]] = {}
+
+    @property
+    def num_cached(self) -> int:
+        return len(self._refs)
+
+    def _free_uncached(self, count: int) -> None:
+        if not count:
+            return
+        uncached = self._uncached
+        if uncached and uncached[-1][0] + uncached[-1][1] == self._next_position:
+            uncached[-1][1] += count
+        else:
+            uncached.append([self._next_position, count])
+        self._next_position += count
+        self.num_free += count
 
     def take(self, n: int) -> None:
         """`n` blocks out of the free pool, from the head of the queue (evicting cached ones)."""
@@ -41,7 +68,7 @@ class ReferenceKVBlocks(KVBlocks):
             assert self.num_free <= self.num_blocks
             return
         self.register(request, request.computed)
-        held = request.held_keys or []
+        held = self._held.pop(request.id, [])
         self._free_uncached(request.blocks - len(held))
         refs = self._refs
         for key in reversed(held):
@@ -53,7 +80,6 @@ class ReferenceKVBlocks(KVBlocks):
                 self._evictable[key] = self._next_position
                 self._next_position += 1
                 self.num_free += 1
-        held.clear()
         request.blocks = 0
         assert self.num_free <= self.num_blocks
 
@@ -62,7 +88,7 @@ class ReferenceKVBlocks(KVBlocks):
         if request.content is None:
             return
         keys = self._keys(request)
-        held = _held(request)
+        held = self._held.setdefault(request.id, [])
         refs = self._refs
         for i in range(len(held), min(tokens // self.block_size, len(keys))):
             key = keys[i]
@@ -96,7 +122,7 @@ class ReferenceKVBlocks(KVBlocks):
         if request.content is None:
             return
         keys = self._keys(request)
-        held = _held(request)
+        held = self._held.setdefault(request.id, [])
         refs = self._refs
         for key in keys[:request.hit_blocks]:
             ref = refs.get(key)
@@ -115,8 +141,3 @@ class ReferenceKVBlocks(KVBlocks):
         if request.scheduled != request.scheduled:  # NaN: its first admission
             request.cached_tokens = request.computed
 
-
-def _held(request: Request) -> list[int | None]:
-    if request.held_keys is None:
-        request.held_keys = []
-    return request.held_keys

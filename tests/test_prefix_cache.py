@@ -97,9 +97,9 @@ def test_lru_worst_case(room: int) -> None:
 def test_block_keys_are_chained() -> None:
     """Equal content at equal positions gives equal keys, and a difference anywhere changes every
     later key; a partial block has none."""
-    a = block_keys(((7, 40), (8, 30)), 16, {})
-    b = block_keys(((7, 40), (9, 30)), 16, {})
-    c = block_keys(((6, 8), (7, 32), (8, 30)), 16, {})
+    a = block_keys(((7, 40), (8, 30)), 16)
+    b = block_keys(((7, 40), (9, 30)), 16)
+    c = block_keys(((6, 8), (7, 32), (8, 30)), 16)
     assert len(a) == 4 and a[:2] == b[:2] and a[2] != b[2] and a[3] != b[3]
     assert not set(a) & set(c)
 
@@ -121,6 +121,51 @@ def test_free_queue_evicts_least_recently_released_first() -> None:
         request.computed = 0
         kv.look_up(request)
     assert (first.hit_blocks, second.hit_blocks) == (1, 2)
+
+
+@settings(SETTINGS, max_examples=ENGINE_EXAMPLES)
+@given(data=st.data())
+def test_spans_keep_the_block_rules_call_by_call(data: st.DataObject) -> None:
+    """Spans split by hits, shortened by evictions and freed in any order: KVBlocks and the
+    block-by-block reference through the same random calls (an admission taking its hit and a
+    prompt chunk, a later chunk, a release), the counts and every waiting request's hit compared
+    after each call. Prompts are a few segments from a small pool, each sent twice, so they share
+    prefixes, part inside each other's spans, and compute the same blocks at once."""
+    block = 4
+    num_blocks = data.draw(st.integers(2, 16), label="blocks")
+    segment = st.tuples(st.integers(0, 3), st.sampled_from([1, 3, 4, 5, 8, 13]))
+    contents = data.draw(st.lists(st.lists(segment, min_size=1, max_size=4), min_size=1, max_size=4)) * 2
+    kvs = (KVBlocks(num_blocks, block, caching=True), ReferenceKVBlocks(num_blocks, block, caching=True))
+    twins = [[Request(i, 0.0, sum(n for _, n in content), 1, content=tuple(content)) for _ in kvs]
+             for i, content in enumerate(contents)]
+    cached, evicted = 0, False
+    for _ in range(data.draw(st.integers(1, 60), label="calls")):
+        pair = data.draw(st.sampled_from(twins))
+        if pair[0].admitted < 0:
+            for kv, request in zip(kvs, pair, strict=True):
+                kv.take_hit(request)
+                request.admitted = 0
+        pending = pair[0].num_pending
+        n = data.draw(st.integers(1, pending)) if pending and data.draw(st.booleans()) else 0
+        fits = n > 0 and kvs[0].extra_blocks(pair[0], pair[0].computed + n) <= kvs[0].num_free
+        for kv, request in zip(kvs, pair, strict=True):
+            if fits:
+                kv.grow(request, request.computed + n)
+                kv.register(request, request.computed + n)
+                request.computed += n
+            else:
+                kv.release(request)
+                request.admitted, request.computed = -1, 0
+        assert (kvs[0].num_free, kvs[0].num_cached) == (kvs[1].num_free, kvs[1].num_cached)
+        for mine, theirs in twins:
+            if mine.admitted < 0:
+                for kv, request in zip(kvs, (mine, theirs), strict=True):
+                    kv.look_up(request)
+            assert (mine.blocks, mine.computed, mine.hit_blocks, mine.hit_in_use) == (
+                theirs.blocks, theirs.computed, theirs.hit_blocks, theirs.hit_in_use)
+        evicted = evicted or kvs[0].num_cached < cached
+        cached = kvs[0].num_cached
+    event("evicted" if evicted else "nothing evicted")
 
 
 def test_content_must_cover_the_prompt() -> None:
