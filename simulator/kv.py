@@ -299,9 +299,10 @@ class KVBlocks:
         identity. It only reads: a prefix-aware router asks every server."""
         if not self.caching or request.content is None:
             return 0
-        limit = (request.prompt_tokens + request.emitted - 1) // self.block_size
-        hits = takewhile(self._refs.__contains__, islice(self._keys(request), limit))
-        return sum(1 for _ in hits) * self.block_size
+        keys = self._keys(request)
+        limit = min(len(keys), (request.prompt_tokens + request.emitted - 1) // self.block_size)
+        pieces = self._pieces(keys, 0, limit, whole=False)
+        return (pieces[-1][2] if pieces else 0) * self.block_size
 
     def take_hit(self, request: Request) -> None:
         """At admission: hold the hit blocks `look_up` found that are still cached, and count the

@@ -305,7 +305,7 @@ class Server:
         if not rows:  # a prefill step's admissions are allocated apart; only the decoders grow here
             need = decoders.blocks_needed() if decode else 0
             if need <= kv.num_free:
-                kv.num_free -= need
+                kv.take(need)  # from the free queue's head, evicting cached blocks there
                 return 0
         needs = {r: kv.extra_blocks(r, r.computed + n) for r, n in rows}
         need = (decoders.blocks_needed() if decode else 0) + sum(needs.values())

@@ -216,6 +216,23 @@ def check_caching_case(policy: str, data: st.DataObject) -> None:
         event("preempted" if summary["preemptions"] else "no preemption")
 
 
+def test_decoders_growing_alone_evict_from_the_free_queue() -> None:
+    """Eight 1-token prompts of the same content, block size 1, 7 blocks, chunked, 2 rows of 2
+    tokens. Request 3 (6 tokens out) holds a copy of the prompt's block (request 0 cached it and
+    left it at the free queue's head) when the decoding request 1 and then request 3 take a block
+    each: the second pops that cached block, evicting it. Request 3, preempted after its second
+    token and readmitted, so finds nothing cached, and no admission ever hits. The engine's step of
+    decoders alone once took their blocks off the free count only, keeping the evicted block cached
+    (a 2-block hit at the readmission), unlike the oracle."""
+    outputs = [1, 5, 1, 6, 1, 1, 1, 1]
+    workload = Workload(prompt_tokens=np.ones(8, dtype=np.int64), output_tokens=np.array(outputs),
+                        arrival=np.zeros(8), concurrency=None, content=(((UNIQUE, 1),),) * 8)
+    config = RunConfig(policy="chunked", max_num_seqs=2, max_num_batched_tokens=2, block_size=1,
+                       num_gpu_blocks_override=7)
+    summary = assert_identical(config, workload)
+    assert summary["preemptions"] == 1 and summary["prefix_cache_hit_rate"] == 0
+
+
 @pytest.mark.parametrize("policy", ["static", "chunked"])
 def test_caching_off_is_the_run_without_identity(policy: str) -> None:
     """--no-enable-prefix-caching (and static batching, which takes no hits) serve a workload with
