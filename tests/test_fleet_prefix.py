@@ -7,6 +7,11 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from test_fleet import POLICIES, assert_same_fleet
+from test_prefix_cache import KNOWN_DIVERGENCE, NOT_SHRUNK, shared_prefixes
+from test_properties import SETTINGS, cases
 
 from simulator.config import RunConfig
 from simulator.errors import InputError
@@ -84,3 +89,14 @@ def test_each_servers_hit_rate_so_far() -> None:
 def test_a_fleet_refuses_conversations() -> None:
     with pytest.raises(InputError, match="--num-turns 2 runs on one server"):
         simulate(RunConfig(policy="chunked", num_replicas=2, num_turns=2, concurrency=2, num_requests=4))
+
+
+@KNOWN_DIVERGENCE
+@pytest.mark.parametrize("policy", POLICIES)
+@settings(SETTINGS, max_examples=20, phases=NOT_SHRUNK)
+@given(data=st.data(), router=st.sampled_from(["prefix-aware", "least-loaded", "round-robin"]))
+def test_fleet_with_caching_matches_oracle(policy: str, data: st.DataObject, router: str) -> None:
+    """As the fleet's oracle cases, with prompts sharing prefixes and every replica's cache on."""
+    case = data.draw(cases(policy))
+    workload = replace(case.workload, content=data.draw(shared_prefixes(case.workload.prompt_tokens.tolist())))
+    assert_same_fleet(replace(case.config, num_replicas=2, router=router), workload)
