@@ -50,7 +50,7 @@ from simulator.step import Policy
 from simulator.steplog import StepLog
 from simulator.transfer import KVLink, links
 from workloads import Workload
-from workloads.prefixes import output_segment
+from workloads.prefixes import request_content
 
 
 @dataclass
@@ -159,8 +159,7 @@ def run_fleet(pools: list[Pool], link: KVLink | None, workload: Workload, time_l
     def make_request(arrival: float) -> Request:
         i = len(requests)
         request = Request(i, arrival, prompts[i], 1 if link is not None else outputs[i], priorities[i])
-        if contents is not None:
-            request.content = (*contents[i], output_segment(i, outputs[i]))
+        request.content = request_content(contents, i, outputs[i])
         requests.append(request)
         return request
 

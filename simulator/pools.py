@@ -16,7 +16,7 @@ from simulator.hardware import GpuSpec
 from simulator.model import ModelSpec
 from simulator.progress import RunProgress
 from simulator.routers import build_router
-from simulator.simulate import RunResult, check_fits, gpu_shard, kv_cache_blocks
+from simulator.simulate import RunResult, check_fits, gpu_shard, keeps_prefix_cache, kv_cache_blocks
 from simulator.transfer import KVLink, kv_link
 from workloads import Workload
 
@@ -47,8 +47,7 @@ def build_pools(config: RunConfig, model: ModelSpec, gpu: GpuSpec, workload: Wor
         check_fits(workload, pool_config, model, kv_blocks)
         policies = [build_policy(pool_config) for _ in range(count)]
         # A decode server receives prompts computed elsewhere: it has no prefill to skip.
-        caching = (config.enable_prefix_caching and workload.content is not None and policies[0].prefix_hits
-                   and role != "decode")
+        caching = keeps_prefix_cache(config, workload, policies[0]) and role != "decode"
         pools.append(Pool(role, policies, cost or build_cost_model(pool_config, model, gpu), kv_blocks,
                           config.block_size, build_router(config.router, count, workload.num_requests, config.seed,
                                                           index), caching))

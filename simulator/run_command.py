@@ -134,7 +134,8 @@ def format_summary(summary: dict[str, Any], config: RunConfig, metrics: tuple[st
 @setting("num_replicas", type=int, help="Identical servers, each its own GPUs, KV cache and scheduler, behind "
                                         "--router.")
 @setting("router", type=click.Choice(ROUTERS), help="Which server takes each arrival, from the servers' state "
-                                                   "then: in turn, at random, fewest requests, least KV in use.")
+                                                   "then: in turn, at random, fewest requests, least KV in use, "
+                                                   "longest cached prefix.")
 @setting("prefill_replicas", type=int, help="Disaggregated serving: servers that only prefill (and emit the first "
                                             "token), with --decode-replicas [default: none, colocated].")
 @setting("decode_replicas", type=int, help="Disaggregated serving: servers that decode what the prefill pool sent "

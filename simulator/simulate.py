@@ -25,7 +25,7 @@ from simulator.sessions import SessionClients
 from simulator.step import Policy
 from simulator.steplog import StepLog
 from workloads import Workload, read_trace, synthetic_workload
-from workloads.prefixes import output_segment, shared_prefix_content
+from workloads.prefixes import request_content, shared_prefix_content
 from workloads.sessions import conversations
 
 DEFAULT_NUM_REQUESTS = 1000  # as `vllm bench serve --num-prompts`
@@ -126,6 +126,12 @@ def check_fits(workload: Workload, config: RunConfig, model: ModelSpec, kv_block
     build_policy(config).check_prompts(workload.prompt_tokens.tolist())
 
 
+def keeps_prefix_cache(config: RunConfig, workload: Workload, policy: Policy) -> bool:
+    """A server keeps a prefix cache when it is on, the workload says which prompt tokens are equal,
+    and the policy can start an admission after a cached prefix."""
+    return config.enable_prefix_caching and workload.content is not None and policy.prefix_hits
+
+
 Engine = Callable[..., tuple[RequestColumns, StepLog, float]]
 """`run_engine`'s signature (the tests' oracle)."""
 
@@ -147,7 +153,7 @@ def simulate(config: RunConfig, workload: Workload | None = None, cost: CostMode
     kv_blocks = kv_cache_blocks(config, model, gpu, int(workload.prompt_tokens.max()))
     check_fits(workload, config, model, kv_blocks)
     cost = cost or build_cost_model(config, model, gpu)
-    caching = config.enable_prefix_caching and workload.content is not None and policy.prefix_hits
+    caching = keeps_prefix_cache(config, workload, policy)
     if engine is not None:
         requests, log, end_time = engine(policy, cost, kv_blocks, config.block_size, workload, config.time_limit,
                                          prefix_caching=caching)
@@ -182,8 +188,7 @@ def run_engine(policy: Policy, cost: CostModel, kv_blocks: int, block_size: int,
         """The workload's request `i` (the next one by default) arrives."""
         i = len(requests) if i is None else i
         request = Request(len(requests), arrival, prompts[i], outputs[i], priorities[i])
-        if contents is not None:
-            request.content = (*contents[i], output_segment(i, outputs[i]))
+        request.content = request_content(contents, i, outputs[i])
         requests.append(request)
         return request
 

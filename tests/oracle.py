@@ -33,7 +33,7 @@ from simulator.step import Policy, Step
 from simulator.steplog import StepLog
 from simulator.transfer import KVLink
 from workloads import Workload
-from workloads.prefixes import output_segment
+from workloads.prefixes import request_content
 
 
 class ArrivalTimeout(Timeout):
@@ -265,8 +265,7 @@ def run_oracle(policy: Policy, cost: CostModel, kv_blocks: int, block_size: int,
         i = len(requests) if i is None else i
         requests.append(Request(len(requests), arrival, int(workload.prompt_tokens[i]),
                                 int(workload.output_tokens[i]), priorities[i]))
-        if workload.content is not None:
-            requests[-1].content = (*workload.content[i], output_segment(i, int(workload.output_tokens[i])))
+        requests[-1].content = request_content(workload.content, i, int(workload.output_tokens[i]))
         return requests[-1]
 
     if workload.turns > 1:
@@ -336,8 +335,7 @@ def run_oracle_fleet(pools: list[Pool], link: KVLink | None, workload: Workload,
     def route(arrival: float) -> None:
         i = len(requests)
         request = Request(i, arrival, int(workload.prompt_tokens[i]), int(workload.output_tokens[i]), priorities[i])
-        if workload.content is not None:
-            request.content = (*workload.content[i], output_segment(i, int(workload.output_tokens[i])))
+        request.content = request_content(workload.content, i, int(workload.output_tokens[i]))
         requests.append(request)
         chosen = pool.router(loads, request)
         replica.append(chosen)

@@ -34,6 +34,11 @@ def output_segment(index: int, output_tokens: int) -> tuple[int, int]:
     return (OUTPUT + index, output_tokens)
 
 
+def request_content(contents: tuple[Content, ...] | None, index: int, output_tokens: int) -> Content | None:
+    """What request `index` computes, prompt then answer (None for a workload without prefix identity)."""
+    return None if contents is None else (*contents[index], output_segment(index, output_tokens))
+
+
 def trace_block_content(hash_ids: list[int], prompt_tokens: int) -> Content:
     """A Mooncake prompt: one segment per 512-token block id, the last one holding the rest."""
     last = prompt_tokens - TRACE_BLOCK_TOKENS * (len(hash_ids) - 1)
