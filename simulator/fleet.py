@@ -93,17 +93,19 @@ class ServerLoad:
 
     @property
     def kv_share(self) -> float:
-        server = self.server
-        kv = server.kv
-        used = kv.num_used
-        if server.stretch_kv is not None:
-            # The steps of the stretch that started before now took their blocks already.
-            ends, taken = server.stretch_kv
-            used += int(taken[min(bisect_left(ends, server.env.now), len(ends) - 1)])
-        return used / kv.num_blocks
+        kv = self.server.kv
+        return (kv.num_used + self._taken_mid_stretch()) / kv.num_blocks
 
     def cached_tokens(self, request: Request) -> int:
-        return self.server.kv.cached_tokens(request)
+        return self.server.kv.cached_tokens(request, self._taken_mid_stretch())
+
+    def _taken_mid_stretch(self) -> int:
+        """Blocks the steps of a decode stretch in flight that started before now took already."""
+        server = self.server
+        if server.stretch_kv is None:
+            return 0
+        ends, taken = server.stretch_kv
+        return int(taken[min(bisect_left(ends, server.env.now), len(ends) - 1)])
 
 
 class NextArrival:

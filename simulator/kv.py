@@ -140,6 +140,9 @@ class KVBlocks:
         """Free blocks in queue order: free spans, and uncached blocks as runs [count]. A span
         emptied by a hit stays in it, empty, until the head reaches it."""
         self._num_cached = 0
+        self.read_hits: list[tuple[Span, int]] = []
+        """Free spans holding part of a hit `look_up` found, with where that part stops, since the
+        server last cleared it (before each policy call): what a decode stretch must not evict."""
 
     @property
     def num_used(self) -> int:
@@ -289,20 +292,61 @@ class KVBlocks:
             hits = stop
             if span.refs:
                 in_use += stop - first
+            else:
+                self.read_hits.append((span, stop))
         request.computed = hits * self.block_size
         request.hit_blocks = hits
         request.hit_in_use = in_use
 
-    def cached_tokens(self, request: Request) -> int:
-        """Prompt tokens of `request` cached here now, as its admission here would skip them
-        (block-aligned, the last prompt token left to compute); 0 without caching or prefix
-        identity. It only reads: a prefix-aware router asks every server."""
+    def cached_tokens(self, request: Request, popped: int = 0) -> int:
+        """Prompt tokens of `request` cached here once `popped` more blocks are taken (a decode
+        stretch in flight took them at its steps' starts, and commits them at its end), as its
+        admission here would skip them (block-aligned, the last prompt token left to compute); 0
+        without caching or prefix identity. It only reads: a prefix-aware router asks every server."""
         if not self.caching or request.content is None:
             return 0
         keys = self._keys(request)
         limit = min(len(keys), (request.prompt_tokens + request.emitted - 1) // self.block_size)
-        pieces = self._pieces(keys, 0, limit, whole=False)
-        return (pieces[-1][2] if pieces else 0) * self.block_size
+        ends = self._ends_after_taking(popped)
+        hits = 0
+        for span, first, stop in self._pieces(keys, 0, limit, whole=False):
+            end = ends.get(span, stop)
+            if end < stop:
+                return max(end, first) * self.block_size
+            hits = stop
+        return hits * self.block_size
+
+    def _ends_after_taking(self, n: int) -> dict[Span, int]:
+        """Where the free spans `take(n)` would shorten end then."""
+        ends: dict[Span, int] = {}
+        for entry in self._queue:
+            if not n:
+                break
+            size = entry.end - entry.first if isinstance(entry, Span) else entry[0]
+            if isinstance(entry, Span) and size:
+                ends[entry] = entry.end - min(n, size)
+            n -= min(n, size)
+        return ends
+
+    def room_sparing_hits(self, cap: int) -> int:
+        """Blocks `take` can pop before it evicts a block of a hit in `read_hits` (a hit the
+        policy read, which would shrink), or `cap` if at least that many."""
+        if not self.read_hits:
+            return cap
+        stops: dict[Span, int] = {}
+        for span, stop in self.read_hits:
+            stops[span] = max(stop, stops.get(span, 0))
+        room = 0
+        for entry in self._queue:
+            if room >= cap:
+                break
+            if isinstance(entry, Span):
+                if entry in stops:
+                    return min(cap, room + entry.end - stops[entry])
+                room += entry.end - entry.first
+            else:
+                room += entry[0]
+        return min(room, cap)
 
     def take_hit(self, request: Request) -> None:
         """At admission: hold the hit blocks `look_up` found that are still cached, and count the

@@ -175,6 +175,7 @@ class Server:
         while True:
             if on_step is not None:
                 on_step(self.num_finished, self.clock)
+            self._kv.read_hits.clear()
             step = self.policy(self)
             decode = step.decode and self.decoders.count > 0
             if not step.tokens and not decode:

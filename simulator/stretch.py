@@ -137,6 +137,8 @@ def _array(server: Server, rows: int, context0: int, per_step: int, k: int, grow
     used = np.cumsum(server.decoders.blocks_needed_ahead(k)) if growing else np.zeros(k, dtype=np.int64)
     if growing:
         k = min(k, int(np.searchsorted(used, server.kv.num_free, side="right")))
+        if k:  # up to the step that evicts part of a hit the policy read: the policy decides again after it
+            k = min(k, int(np.searchsorted(used, server.kv.room_sparing_hits(int(used[k - 1])), side="right")) + 1)
     durations = np.concatenate(([first], server.cost.decode_step_times(rows, context0 + per_step * offsets[1:k])))
     ends = step_ends(server.clock, durations)
     k = min(k, int(np.searchsorted(ends, server.limit, side="left")),
@@ -150,6 +152,7 @@ def _scalar(server: Server, rows: int, context0: int, per_step: int, k_max: int,
     falls in, when it does (priced, never run)."""
     step_time, blocks_needed = server.cost.step_time, server.decoders.blocks_needed
     free, limit = server.kv.num_free, server.limit
+    room = server.kv.room_sparing_hits(free) if growing else free
     durations: list[float] = []
     ends: list[float] = []
     used: list[int] = []
@@ -167,6 +170,6 @@ def _scalar(server: Server, rows: int, context0: int, per_step: int, k_max: int,
         ends.append(end)
         used.append(total)
         t = end
-        if end >= horizon:
+        if end >= horizon or total > room:
             break
     return durations, ends, used, None

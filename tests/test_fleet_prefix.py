@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_fleet import POLICIES, assert_same_fleet
-from test_prefix_cache import KNOWN_DIVERGENCE, NOT_SHRUNK, shared_prefixes
+from test_prefix_cache import shared_prefixes
 from test_properties import SETTINGS, cases
 
 from simulator.config import RunConfig
@@ -91,9 +91,8 @@ def test_a_fleet_refuses_conversations() -> None:
         simulate(RunConfig(policy="chunked", num_replicas=2, num_turns=2, concurrency=2, num_requests=4))
 
 
-@KNOWN_DIVERGENCE
 @pytest.mark.parametrize("policy", POLICIES)
-@settings(SETTINGS, max_examples=20, phases=NOT_SHRUNK)
+@settings(SETTINGS, max_examples=20)
 @given(data=st.data(), router=st.sampled_from(["prefix-aware", "least-loaded", "round-robin"]))
 def test_fleet_with_caching_matches_oracle(policy: str, data: st.DataObject, router: str) -> None:
     """As the fleet's oracle cases, with prompts sharing prefixes and every replica's cache on."""

@@ -3,6 +3,7 @@ engine against the oracle with the cache on."""
 
 from __future__ import annotations
 
+import copy
 import json
 from dataclasses import replace
 from pathlib import Path
@@ -10,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 import pytest
-from hypothesis import Phase, event, given, settings
+from hypothesis import event, given, settings
 from hypothesis import strategies as st
 from kv_reference import ReferenceKVBlocks
 from test_cli import simulate_cli
@@ -157,15 +158,36 @@ def test_spans_keep_the_block_rules_call_by_call(data: st.DataObject) -> None:
                 kv.release(request)
                 request.admitted, request.computed = -1, 0
         assert (kvs[0].num_free, kvs[0].num_cached) == (kvs[1].num_free, kvs[1].num_cached)
+        kvs[0].read_hits.clear()
         for mine, theirs in twins:
             if mine.admitted < 0:
                 for kv, request in zip(kvs, (mine, theirs), strict=True):
                     kv.look_up(request)
             assert (mine.blocks, mine.computed, mine.hit_blocks, mine.hit_in_use) == (
                 theirs.blocks, theirs.computed, theirs.hit_blocks, theirs.hit_in_use)
+        waiting = [pair for pair in twins if pair[0].admitted < 0]
+        # What a decode stretch in flight leaves cached (a router's read), and how far it may take
+        # blocks before a looked-up hit shrinks: against the reference taking the blocks for real.
+        popped = data.draw(st.integers(0, kvs[0].num_free), label="popped")
+        hits = hits_after_taking(kvs[1], [theirs for _, theirs in waiting], popped)
+        assert [kvs[0].cached_tokens(mine, popped) for mine, _ in waiting] == [h * block for h in hits]
+        room = kvs[0].room_sparing_hits(kvs[0].num_free)
+        before = [theirs.hit_blocks for _, theirs in waiting]
+        assert hits_after_taking(kvs[1], [theirs for _, theirs in waiting], room) == before
+        if room < kvs[0].num_free:
+            assert hits_after_taking(kvs[1], [theirs for _, theirs in waiting], room + 1) != before
         evicted = evicted or kvs[0].num_cached < cached
         cached = kvs[0].num_cached
     event("evicted" if evicted else "nothing evicted")
+
+
+def hits_after_taking(kv: KVBlocks, waiting: list[Request], n: int) -> list[int]:
+    """Each waiting request's hit blocks in a copy of `kv` once `n` blocks are taken from it."""
+    kv, waiting = copy.deepcopy((kv, waiting))
+    kv.take(n)
+    for request in waiting:
+        kv.look_up(request)
+    return [request.hit_blocks for request in waiting]
 
 
 def test_content_must_cover_the_prompt() -> None:
@@ -189,17 +211,9 @@ def shared_prefixes(draw: st.DrawFn, prompts: list[int]) -> tuple[tuple[tuple[in
     return tuple(content)
 
 
-NOT_SHRUNK = (Phase.explicit, Phase.reuse, Phase.generate)
-"""A known failure is reported as found, not shrunk (shrinking it takes minutes)."""
-KNOWN_DIVERGENCE = pytest.mark.xfail(strict=False, reason=(
-    "known divergence, issue 14 left open: hypothesis finds rare cases (many 1-token prompts with equal content, "
-    "block size 1, one long output) where the engine and the oracle disagree with the prefix cache on"))
-
-
-@KNOWN_DIVERGENCE
 @pytest.mark.parametrize("run_min", [1, stretch.RUN_MIN], ids=["every-stretch-as-arrays", "default-stretches"])
 @pytest.mark.parametrize("policy", ["continuous", "chunked", "priority"])
-@settings(SETTINGS, max_examples=ENGINE_EXAMPLES // 2, phases=NOT_SHRUNK)
+@settings(SETTINGS, max_examples=ENGINE_EXAMPLES // 2)
 @given(data=st.data())
 def test_engine_matches_oracle_with_caching(policy: str, run_min: int, data: st.DataObject) -> None:
     """As test_engines' random cases, with prompts sharing prefixes and the cache on; `run_min` 1
@@ -239,6 +253,31 @@ def test_decoders_growing_alone_evict_from_the_free_queue() -> None:
                        num_gpu_blocks_override=7)
     summary = assert_identical(config, workload)
     assert summary["preemptions"] == 1 and summary["prefix_cache_hit_rate"] == 0
+
+
+@pytest.mark.parametrize("run_min", [1, stretch.RUN_MIN], ids=["every-stretch-as-arrays", "default-stretches"])
+def test_a_decode_stretch_ends_where_it_evicts_part_of_a_read_hit(run_min: int) -> None:
+    """Found by hypothesis. Chunked, 59-token budget, block 16, 351 blocks. Request 2 (2,956
+    tokens: request 1's 128, then its own), preempted after computing 2,544, waits with a
+    159-block hit that nobody holds, so admitting it with a 58-token chunk needs 163 of the 160
+    free blocks. Request 0 decodes alone and takes a block from the free queue's head: the last of
+    request 1's cached blocks, released before request 2's. Request 2's chain now breaks at block
+    7: it needs 7 + 4 blocks, and is admitted beside request 0's last token. The engine once priced
+    request 0's decoding to its finish as one stretch, deciding once for a state that changed."""
+    workload = Workload(prompt_tokens=np.array([3000, 128, 2956]), output_tokens=np.array([59, 2, 1]), arrival=None,
+                        concurrency=5, content=(((UNIQUE, 3000),), ((SHARED_PREFIX, 128),),
+                                                ((SHARED_PREFIX, 2242), (UNIQUE + 16, 714))))
+    config = RunConfig(policy="chunked", max_num_seqs=4, max_num_batched_tokens=59, long_prefill_token_threshold=59,
+                       num_gpu_blocks_override=351)
+    default, stretch.RUN_MIN = stretch.RUN_MIN, run_min
+    try:
+        assert_identical(config, workload)
+        tables = build_tables(simulate(config, workload))
+    finally:
+        stretch.RUN_MIN = default
+    admission = tables.steps.filter(pl.col("prefix_cache_hit_tokens") == 7 * 16).row(-1, named=True)
+    assert (admission["num_seqs"], admission["prefill_tokens"], admission["decode_tokens"]) == (2, 58, 1)
+    assert admission["start"] + admission["duration"] == tables.requests["finish"][0]
 
 
 @pytest.mark.parametrize("policy", ["static", "chunked"])

@@ -11,7 +11,6 @@ import pytest
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 from test_engines import ENGINE_EXAMPLES, assert_identical
-from test_prefix_cache import KNOWN_DIVERGENCE, NOT_SHRUNK
 from test_properties import SETTINGS, cases
 
 from simulator.config import RunConfig
@@ -78,9 +77,8 @@ def test_bad_session_settings(settings_: dict[str, object], named: str) -> None:
         RunConfig(**settings_)  # type: ignore[arg-type]
 
 
-@KNOWN_DIVERGENCE
 @pytest.mark.parametrize("policy", ["continuous", "chunked"])
-@settings(SETTINGS, max_examples=max(ENGINE_EXAMPLES // 2, 10), phases=NOT_SHRUNK)
+@settings(SETTINGS, max_examples=max(ENGINE_EXAMPLES // 2, 10))
 @given(data=st.data(), turns=st.integers(2, 3), think=st.just(0.0) | st.floats(0.0, 2.0))
 def test_engine_matches_oracle_in_sessions(policy: str, data: st.DataObject, turns: int, think: float) -> None:
     case = data.draw(cases(policy))
