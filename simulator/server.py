@@ -87,6 +87,10 @@ class Server:
         self.log = log
         self.limit = math.inf if time_limit is None else time_limit
         self.on_finish = on_finish
+        self.finish_is_seen = True
+        """A finish is seen outside this server (a fleet, a session's think time), so the SimPy clock
+        must reach it; one server's open loop, and a closed loop that only submits here at the
+        finish's instant, set it False."""
         self.on_step = on_step
         """Told (requests finished, clock) before every step: a progress bar."""
         self.num_finished = 0
@@ -279,7 +283,7 @@ class Server:
                     request.first_token = end
                 if request.emitted == request.output_tokens:
                     finished.append(request)
-        if finished or end >= self.horizon():
+        if (finished and self.finish_is_seen) or end >= self.horizon():
             yield self.env.timeout_at(end, self.priority)
         self.clock = end
         if finished:

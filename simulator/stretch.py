@@ -66,7 +66,7 @@ def decode_stretch(server: Server, wake_at: float | None) -> Process:
         log = server.log
         log.lazy_step.append(len(log))
         finishing = decoders.pop_finished()
-        if finishing or end >= (horizon if batch is None and wake_at is None else server.horizon()):
+        if (finishing and server.finish_is_seen) or end >= (horizon if batch is None and wake_at is None else server.horizon()):
             yield env.timeout_at(end, server.priority)
         server.clock = end
         for step, request in finishing:
@@ -89,7 +89,7 @@ def decode_stretch(server: Server, wake_at: float | None) -> Process:
     waiting0, kv_used0, running0 = len(server.waiting), kv.num_used, server.num_running
     live0 = decoders.count
     end = float(ends[-1])
-    if decoders.next_finish() <= steps0 + k or end >= server.horizon():
+    if (server.finish_is_seen and decoders.next_finish() <= steps0 + k) or end >= server.horizon():
         server.stretch_kv = (ends, used) if growing else None
         yield env.timeout_at(end, server.priority)
         server.stretch_kv = None
