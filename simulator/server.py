@@ -20,10 +20,11 @@ once the step's blocks are allocated its prefill rows register their full blocks
 
 A decode-only step (only the decoders, nothing admitted or preempted) is priced for the k steps it
 repeats until the next event: a finish (the decoders' heap), a KV shortfall (blocks needed per step
-by residue), the time limit, or the next event that could see it (`horizon`: the clock's next event,
-an arrival; in a fleet the next arrival only, since other servers' step ends cannot); the k steps
-are one SimPy timeout (`simulator.stretch`). A step with no event before its end and no finish is
-carried out without a timeout at all (the clock's next event is later, so nothing could see it).
+by residue), the eviction of part of a prefix-cache hit the policy read, the time limit, or the next
+event that could see it (`horizon`: the clock's next event, an arrival; in a fleet the next arrival
+only, since other servers' step ends cannot); the k steps are one SimPy timeout
+(`simulator.stretch`). A step with no event before its end, and no finish another process sees
+(`finish_is_seen`), is carried out without a timeout at all (nothing could see it).
 """
 
 from __future__ import annotations

@@ -2,12 +2,15 @@
 
 The stretch ends at the first of: the step in which the next decoder finishes (a padded batch: its
 last member; its other members finish inside the stretch but hold their rows), the last step whose
-KV blocks fit, the last step ending before the time limit, the step during which the next event
-that could see the server (`Server.horizon`: an arrival) or the policy's `wake_at` falls (a padded
-batch admits nobody, so arrivals do not end its stretch). Steps are priced one by one for short stretches and as arrays
-(`CostModel.decode_step_times`, the same float operations elementwise) for long ones; step ends are
-a sequential cumulative sum, the same additions one timeout per step would make, so the results are
-those of a step-by-step engine to the last bit (tests/oracle.py).
+KV blocks fit, the step whose blocks evict part of a prefix-cache hit the policy read while
+deciding (`KVBlocks.room_sparing_hits`: the hit would shrink, and a shorter hit can make a waiting
+request cheaper to admit), the last step ending before the time limit, the step during which the
+next event that could see the server (`Server.horizon`: an arrival) or the policy's `wake_at` falls
+(a padded batch admits nobody, so arrivals do not end its stretch). Steps are priced one by one
+for short stretches and as arrays (`CostModel.decode_step_times`, the same float operations
+elementwise) for long ones; step ends are a sequential cumulative sum, the same additions one
+timeout per step would make, so the results are those of a step-by-step engine to the last bit
+(tests/oracle.py).
 """
 
 from __future__ import annotations
@@ -66,7 +69,8 @@ def decode_stretch(server: Server, wake_at: float | None) -> Process:
         log = server.log
         log.lazy_step.append(len(log))
         finishing = decoders.pop_finished()
-        if (finishing and server.finish_is_seen) or end >= (horizon if batch is None and wake_at is None else server.horizon()):
+        seen_at = horizon if batch is None and wake_at is None else server.horizon()
+        if (finishing and server.finish_is_seen) or end >= seen_at:
             yield env.timeout_at(end, server.priority)
         server.clock = end
         for step, request in finishing:
