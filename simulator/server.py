@@ -23,8 +23,8 @@ repeats until the next event: a finish (the decoders' heap), a KV shortfall (blo
 by residue), the eviction of part of a prefix-cache hit the policy read, the time limit, or the next
 event that could see it (`horizon`: the clock's next event, an arrival; in a fleet the next arrival
 only, since other servers' step ends cannot); the k steps are one SimPy timeout
-(`simulator.stretch`). A step with no event before its end, and no finish another process sees
-(`finish_is_seen`), is carried out without a timeout at all (nothing could see it).
+(`simulator.stretch`). A step with no event before its end and no finish is carried out without
+a timeout at all (the clock's next event is later, so nothing could see it).
 """
 
 from __future__ import annotations
@@ -88,10 +88,6 @@ class Server:
         self.log = log
         self.limit = math.inf if time_limit is None else time_limit
         self.on_finish = on_finish
-        self.finish_is_seen = True
-        """A finish is seen outside this server (a fleet, a session's think time), so the SimPy clock
-        must reach it; one server's open loop, and a closed loop that only submits here at the
-        finish's instant, set it False."""
         self.on_step = on_step
         """Told (requests finished, clock) before every step: a progress bar."""
         self.num_finished = 0
@@ -284,7 +280,7 @@ class Server:
                     request.first_token = end
                 if request.emitted == request.output_tokens:
                     finished.append(request)
-        if (finished and self.finish_is_seen) or end >= self.horizon():
+        if finished or end >= self.horizon():
             yield self.env.timeout_at(end, self.priority)
         self.clock = end
         if finished:

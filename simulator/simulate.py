@@ -207,13 +207,11 @@ def run_engine(policy: Policy, cost: CostModel, kv_blocks: int, block_size: int,
                 server.submit(make_request(at), at)
 
         server = Server(env, policy, cost, kv, log, time_limit, on_finish=next_client, on_step=on_step)
-        server.finish_is_seen = False  # the next request is submitted here, at the finish's instant
         assert workload.concurrency is not None
         for _ in range(min(workload.concurrency, workload.num_requests)):
             server.submit(make_request(0.0))
     else:
         server = Server(env, policy, cost, kv, log, time_limit, on_step=on_step)
-        server.finish_is_seen = False  # the arrivals do not depend on it
         arrivals = workload.arrival.tolist()
 
         def arrive() -> Process:

@@ -70,7 +70,7 @@ def decode_stretch(server: Server, wake_at: float | None) -> Process:
         log.lazy_step.append(len(log))
         finishing = decoders.pop_finished()
         seen_at = horizon if batch is None and wake_at is None else server.horizon()
-        if (finishing and server.finish_is_seen) or end >= seen_at:
+        if finishing or end >= seen_at:
             yield env.timeout_at(end, server.priority)
         server.clock = end
         for step, request in finishing:
@@ -93,7 +93,7 @@ def decode_stretch(server: Server, wake_at: float | None) -> Process:
     waiting0, kv_used0, running0 = len(server.waiting), kv.num_used, server.num_running
     live0 = decoders.count
     end = float(ends[-1])
-    if (server.finish_is_seen and decoders.next_finish() <= steps0 + k) or end >= server.horizon():
+    if decoders.next_finish() <= steps0 + k or end >= server.horizon():
         server.stretch_kv = (ends, used) if growing else None
         yield env.timeout_at(end, server.priority)
         server.stretch_kv = None
