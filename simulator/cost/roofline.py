@@ -46,6 +46,9 @@ class RooflineCost:
                                                                        or gpu.fp8_mem_bw is None):
             raise InputError(f"GPU profile {gpu.name!r} has no fp8_gemm_flops or fp8_mem_bw: cannot price fp8 weights")
         self._fixed_cache: dict[tuple[int, int], tuple[float, float]] = {}
+        # Attention's constants, read once (the same values, so the same float operations and bits).
+        self._kv_bytes_per_token = self.rank.kv_bytes_per_token_per_layer
+        self._flops_per_pair = 4.0 * self.rank.num_heads * self.rank.head_dim
 
     def _rates(self, weight_bytes: int) -> tuple[float, float]:
         """Achieved (bandwidth, FLOP/s) of GEMMs with weights of `weight_bytes` bytes."""
@@ -71,10 +74,9 @@ class RooflineCost:
 
     def attention_time(self, kv_tokens: float, pairs: float) -> float:
         """One layer's attention over `kv_tokens` of cached context and `pairs` query-key products."""
-        rank = self.rank
-        nbytes = kv_tokens * rank.kv_bytes_per_token_per_layer
-        flops = 4.0 * rank.num_heads * rank.head_dim * pairs
-        return self.gpu.attn_kernel_latency + max(nbytes / self.gpu.attn_bw, flops / self.gpu.attn_flops)
+        gpu = self.gpu
+        return gpu.attn_kernel_latency + max(kv_tokens * self._kv_bytes_per_token / gpu.attn_bw,
+                                             self._flops_per_pair * pairs / gpu.attn_flops)
 
     def _fixed(self, tokens: int, num_seqs: int) -> tuple[float, float]:
         """The parts of a step that depend only on its token and sequence counts: per layer (GEMMs,
@@ -82,42 +84,44 @@ class RooflineCost:
         Cached: a run repeats them."""
         key = (tokens, num_seqs)
         cache = self._fixed_cache
-        if key not in cache:
-            rank, gpu = self.rank, self.gpu
-            layer = sum(self.gemm_time(tokens, n, k, gemm_weight_bytes(rank, name))
-                        for name, n, k in rank.linear_shapes)
-            if rank.is_moe:
-                layer += self.moe_time(tokens)
-            elementwise_bytes = tokens * rank.dtype_bytes * (
-                8 * rank.hidden_size + 3 * rank.ffn_intermediate_per_token
-                + 2 * (rank.num_heads + rank.num_kv_heads) * rank.head_dim) + tokens * rank.kv_bytes_per_token_per_layer
-            layer += ELEMENTWISE_KERNELS_PER_LAYER * gpu.kernel_latency + elementwise_bytes / gpu.mem_bw
-            if self.all_reduce is not None:
-                layer += ALL_REDUCES_PER_LAYER * self.all_reduce.time(all_reduce_bytes(rank, tokens), self.extrapolated)
-            # The LM head runs on one token per sequence; sampling reads the whole vocabulary's fp32 logits.
-            head = self.gemm_time(num_seqs, rank.vocab_size, rank.hidden_size)
-            sampling = gpu.kernel_latency + num_seqs * self.model.vocab_size * 4 / gpu.mem_bw
-            cache[key] = (layer, head + sampling + host_overhead(gpu, gpu.step_overhead, num_seqs, tokens))
-        return cache[key]
+        fixed = cache.get(key)
+        if fixed is not None:
+            return fixed
+        rank, gpu = self.rank, self.gpu
+        layer = sum(self.gemm_time(tokens, n, k, gemm_weight_bytes(rank, name))
+                    for name, n, k in rank.linear_shapes)
+        if rank.is_moe:
+            layer += self.moe_time(tokens)
+        elementwise_bytes = tokens * rank.dtype_bytes * (
+            8 * rank.hidden_size + 3 * rank.ffn_intermediate_per_token
+            + 2 * (rank.num_heads + rank.num_kv_heads) * rank.head_dim) + tokens * rank.kv_bytes_per_token_per_layer
+        layer += ELEMENTWISE_KERNELS_PER_LAYER * gpu.kernel_latency + elementwise_bytes / gpu.mem_bw
+        if self.all_reduce is not None:
+            layer += ALL_REDUCES_PER_LAYER * self.all_reduce.time(all_reduce_bytes(rank, tokens), self.extrapolated)
+        # The LM head runs on one token per sequence; sampling reads the whole vocabulary's fp32 logits.
+        head = self.gemm_time(num_seqs, rank.vocab_size, rank.hidden_size)
+        sampling = gpu.kernel_latency + num_seqs * self.model.vocab_size * 4 / gpu.mem_bw
+        fixed = cache[key] = (layer, head + sampling + host_overhead(gpu, gpu.step_overhead, num_seqs, tokens))
+        return fixed
 
     def decode_step_times(self, num_seqs: int, contexts: np.ndarray) -> np.ndarray:
         """`step_time` of steps that decode `num_seqs` sequences whose contexts sum to each of
         `contexts`, for many steps at once: the same float operations elementwise, so the same bits."""
         rank, gpu = self.rank, self.gpu
         layer, per_step = self._fixed(num_seqs, num_seqs)
-        nbytes = contexts * rank.kv_bytes_per_token_per_layer
-        flops = 4.0 * rank.num_heads * rank.head_dim * contexts
-        attention = gpu.attn_kernel_latency + np.maximum(nbytes / gpu.attn_bw, flops / gpu.attn_flops)
+        attention = gpu.attn_kernel_latency + np.maximum(contexts * self._kv_bytes_per_token / gpu.attn_bw,
+                                                         self._flops_per_pair * contexts / gpu.attn_flops)
         return rank.num_layers * (layer + attention) + per_step  # type: ignore[no-any-return]
 
     def step_time(self, shape: StepShape) -> float:
-        tokens = shape.num_tokens
+        decode_seqs, prefill_seqs = shape.decode_seqs, shape.prefill_seqs
+        tokens = decode_seqs + shape.prefill_tokens
         if tokens == 0:
             return 0.0
-        layer, per_step = self._fixed(tokens, shape.num_seqs)
-        if shape.decode_seqs:
+        layer, per_step = self._fixed_cache.get((tokens, shape.num_seqs)) or self._fixed(tokens, shape.num_seqs)
+        if decode_seqs:
             layer += self.attention_time(shape.decode_context, shape.decode_context)
-        if shape.prefill_seqs:
+        if prefill_seqs:
             layer += self.attention_time(shape.prefill_context, shape.prefill_pairs)
         return self.rank.num_layers * layer + per_step
 
