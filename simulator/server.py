@@ -172,12 +172,12 @@ class Server:
     def _serve(self) -> Process:
         from simulator.stretch import decode_stretch
 
-        on_step = self.on_step
+        on_step, policy, read_hits = self.on_step, self.policy, self._kv.read_hits
         while True:
             if on_step is not None:
                 on_step(self.num_finished, self.clock)
-            self._kv.read_hits.clear()
-            step = self.policy(self)
+            read_hits.clear()
+            step = policy(self)
             decode = step.decode and self.decoders.count > 0
             if not step.tokens and not decode:
                 yield from self._sleep(step.wake_at)

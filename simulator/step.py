@@ -58,9 +58,11 @@ class PaddedBatch:
     reserve_tokens: int
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Step:
-    """One forward pass as a policy plans it (see the module docstring)."""
+    """One forward pass as a policy plans it (see the module docstring); the engine only reads it.
+    Not frozen: a policy builds one or two every step, and a frozen dataclass costs twice as much
+    to build."""
 
     tokens: dict[Request, int] = field(default_factory=dict)
     decode: bool = False
