@@ -14,9 +14,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import TextIO
-
-from tqdm import tqdm
+from typing import Any, TextIO
 
 MIN_SECONDS = 1.5
 REDRAW_SECONDS = 0.2
@@ -31,6 +29,13 @@ def progress_enabled(quiet: bool, stream: TextIO | None = None) -> bool:
     stream = sys.stderr if stream is None else stream
     return not quiet and stream.isatty()
 
+
+
+def _tqdm() -> Any:
+    """tqdm's class, imported when a bar or a status line is first drawn (a quiet run never loads it)."""
+    from tqdm import tqdm
+
+    return tqdm
 
 class Bar:
     """A progress bar over `total` units (`scale`: shown as 1.2M), drawn from `delay` seconds on;
@@ -73,7 +78,7 @@ class Bar:
 
     def line(self, now: float) -> str:
         width = shutil.get_terminal_size().columns
-        return tqdm.format_meter(self.done, self.total, now - self.start, ncols=width, prefix=self.desc,
+        return _tqdm().format_meter(self.done, self.total, now - self.start, ncols=width, prefix=self.desc,
                                  unit=self.unit, unit_scale=self.scale, postfix=self.detail() or None,
                                  initial=self.initial)
 
@@ -83,7 +88,7 @@ class Bar:
 
     def draw(self, now: float) -> None:
         if self.print_status is None:
-            self.print_status = tqdm.status_printer(self.file)
+            self.print_status = _tqdm().status_printer(self.file)
         self.print_status(self.line(now))
         self.last_draw = now
 
@@ -127,7 +132,7 @@ def working(desc: str, *, enabled: bool, file: TextIO | None = None, clock: Cloc
     stream = sys.stderr if file is None else file
     start = clock()
     finished = threading.Event()
-    printer = tqdm.status_printer(stream)
+    printer = _tqdm().status_printer(stream)
     drawn = False
 
     def tick() -> None:
@@ -135,7 +140,7 @@ def working(desc: str, *, enabled: bool, file: TextIO | None = None, clock: Cloc
         while not finished.wait(REDRAW_SECONDS):
             elapsed = clock() - start
             if elapsed >= MIN_SECONDS:
-                printer(f"{desc}: {tqdm.format_interval(elapsed)}")
+                printer(f"{desc}: {_tqdm().format_interval(elapsed)}")
                 drawn = True
 
     ticker = threading.Thread(target=tick, name=f"progress: {desc}", daemon=True)
@@ -146,6 +151,6 @@ def working(desc: str, *, enabled: bool, file: TextIO | None = None, clock: Cloc
         finished.set()
         ticker.join()
         if drawn:
-            printer(f"{desc}: {tqdm.format_interval(clock() - start)}")
+            printer(f"{desc}: {_tqdm().format_interval(clock() - start)}")
             stream.write("\n")
             stream.flush()

@@ -16,7 +16,6 @@ from pathlib import Path
 
 import numpy as np
 import polars as pl
-import pyarrow.parquet as pq
 
 from simulator.steplog import StepLog
 
@@ -84,6 +83,8 @@ class TokensTable:
         return len(self.log.token_request) + int(self.log.column("run_count").sum())
 
     def write(self, path: Path, metadata: dict[bytes, bytes], progress: Callable[[int], None] | None = None) -> None:
+        import pyarrow.parquet as pq  # here: a run that writes no tokens table need not load it
+
         schema = pl.DataFrame(schema=TOKENS_SCHEMA).to_arrow().schema.with_metadata(metadata)
         written = 0
         with pq.ParquetWriter(path, schema) as writer:
