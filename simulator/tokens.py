@@ -116,18 +116,32 @@ def itl_histogram(log: StepLog, keep: np.ndarray | None = None) -> tuple[np.ndar
     piece_request, piece_first, piece_last = piece_request[order], piece_first[order], piece_last[order]
     same = piece_request[1:] == piece_request[:-1]
     junctions = end[piece_first[1:][same]] - end[piece_last[:-1][same]]
+    del order, piece_request, piece_first, piece_last, same
     # Gaps inside runs: lazy step g to g + 1, once per run that covers both.
     lazy_end = end[lazy_step]
+    del end
+    steps_gaps = lazy_end[1:] - lazy_end[:-1]
+    del lazy_end
     covering = np.zeros(len(lazy_step) + 1, dtype=np.int64)
     long_runs = run_count > 1
     np.add.at(covering, run_first[long_runs], 1)
     np.add.at(covering, run_first[long_runs] + run_count[long_runs] - 1, -1)
     weights = np.cumsum(covering)[: max(len(lazy_step) - 1, 0)]
+    del covering
     inside = weights > 0
-    values = np.concatenate([junctions, (lazy_end[1:] - lazy_end[:-1])[inside]])
+    values = np.concatenate([junctions, steps_gaps[inside]])
     counts = np.concatenate([np.ones(len(junctions), dtype=np.int64), weights[inside]])
-    distinct, where = np.unique(values, return_inverse=True)
-    return distinct, np.bincount(where.ravel(), weights=counts, minlength=len(distinct)).astype(np.int64)
+    del junctions, steps_gaps, weights, inside
+    # Equal gaps pooled: sorted once, each run of equal values summed (the arrays above freed first,
+    # so a 1M-request run's peak memory is not their sum).
+    order = np.argsort(values, kind="stable")
+    values = values[order]
+    counts = counts[order]
+    del order
+    if not len(values):
+        return values, counts
+    starts = np.flatnonzero(np.concatenate(([True], values[1:] != values[:-1])))
+    return values[starts], np.add.reduceat(counts, starts)
 
 
 def describe_histogram(values: np.ndarray, counts: np.ndarray, percentiles: tuple[float, ...]

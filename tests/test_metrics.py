@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
+import polars as pl
 import pytest
 from helpers import run
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from test_properties import SETTINGS, cases
 
 from simulator.config import RunConfig
+from simulator.errors import InputError
 from simulator.metrics import build_tables, describe, summarize
 from simulator.simulate import simulate
+from simulator.tokens import itl_histogram, tokens_table
 from workloads import Workload
 
 
@@ -87,3 +95,22 @@ def test_the_run_records_where_the_measured_cost_extrapolated() -> None:
     assert "lm_head" in summary["cost_notes"]  # the LM head's n=128256 is beyond the measured n
     roofline = simulate(RunConfig(cost="roofline", **settings), workload)  # type: ignore[arg-type]
     assert summarize(roofline, build_tables(roofline))["cost_extrapolations"] == 0
+
+
+@pytest.mark.parametrize("policy", ["static", "chunked", "priority"])
+@settings(SETTINGS, max_examples=60)
+@given(data=st.data(), time_limit=st.none() | st.floats(0.01, 2.0))
+def test_itl_histogram_is_the_tokens_tables_gaps(policy: str, data: st.DataObject, time_limit: float | None) -> None:
+    """The pooled inter-token gaps, computed from the step log's singles and runs, are exactly the
+    gaps between consecutive rows of each finished request in the tokens table (one row per token)."""
+    case = data.draw(cases(policy))
+    try:
+        result = simulate(replace(case.config, time_limit=time_limit), case.workload)
+    except InputError:
+        return
+    finished = result.requests.emitted == result.requests.output_tokens
+    values, counts = itl_histogram(result.log, finished if not finished.all() else None)
+    tokens = tokens_table(result.log).filter(pl.col("request_id").is_in(np.flatnonzero(finished).tolist()))
+    gaps = tokens.select(pl.col("time").diff().over("request_id").alias("gap"))["gap"].drop_nulls().to_numpy()
+    assert np.array_equal(np.repeat(values, counts), np.sort(gaps))
+    assert (np.diff(values) > 0).all()
