@@ -111,6 +111,8 @@ class ReferenceKVBlocks(KVBlocks):
             if ref is None:
                 break
             in_use += ref > 0
+            if not ref:
+                self.read_hits.append(keys[hits])  # type: ignore[arg-type]  # a key here, not a span
             hits += 1
         request.computed = hits * self.block_size
         request.hit_blocks = hits
@@ -141,3 +143,49 @@ class ReferenceKVBlocks(KVBlocks):
         if request.scheduled != request.scheduled:  # NaN: its first admission
             request.cached_tokens = request.computed
 
+    def room_sparing_hits(self, cap: int) -> int:
+        """Blocks `take` can pop before it evicts a block of a hit `look_up` recorded: the free
+        blocks queued ahead of the first such block (the queue pops in order of position)."""
+        keys: set[int] = set(self.read_hits)  # type: ignore[arg-type]  # this look_up records keys
+        read = [self._evictable[key] for key in keys if key in self._evictable]
+        if not read:
+            return cap
+        first = min(read)
+        ahead = sum(1 for position in self._evictable.values() if position < first)
+        ahead += sum(min(max(first - start, 0), count) for start, count in self._uncached)
+        return min(ahead, cap)
+
+    def cached_tokens(self, request: Request, popped: int = 0) -> int:
+        """The request's cached prefix once `popped` more blocks are taken (block by block)."""
+        if not self.caching or request.content is None:
+            return 0
+        keys = self._keys(request)
+        limit = min(len(keys), (request.prompt_tokens + request.emitted - 1) // self.block_size)
+        evicted = self._evicted_by(popped)
+        hits = 0
+        while hits < limit and keys[hits] in self._refs and keys[hits] not in evicted:
+            hits += 1
+        return hits * self.block_size
+
+    def _evicted_by(self, n: int) -> set[int]:
+        """The cached keys `take(n)` would evict, as `take` walks the queue (without taking)."""
+        runs = deque([list(run) for run in self._uncached])
+        cached = iter(self._evictable.items())
+        following = next(cached, None)
+        evicted: set[int] = set()
+        while n:
+            head = following[1] if following is not None else self._next_position
+            if runs and runs[0][0] < head:
+                count = min(n, runs[0][1], head - runs[0][0])
+                runs[0][0] += count
+                runs[0][1] -= count
+                n -= count
+                if not runs[0][1]:
+                    runs.popleft()
+            elif following is not None:
+                evicted.add(following[0])
+                following = next(cached, None)
+                n -= 1
+            else:
+                break
+        return evicted

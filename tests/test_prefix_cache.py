@@ -158,7 +158,8 @@ def test_spans_keep_the_block_rules_call_by_call(data: st.DataObject) -> None:
                 kv.release(request)
                 request.admitted, request.computed = -1, 0
         assert (kvs[0].num_free, kvs[0].num_cached) == (kvs[1].num_free, kvs[1].num_cached)
-        kvs[0].read_hits.clear()
+        for kv in kvs:
+            kv.read_hits.clear()
         for mine, theirs in twins:
             if mine.admitted < 0:
                 for kv, request in zip(kvs, (mine, theirs), strict=True):
@@ -171,7 +172,9 @@ def test_spans_keep_the_block_rules_call_by_call(data: st.DataObject) -> None:
         popped = data.draw(st.integers(0, kvs[0].num_free), label="popped")
         hits = hits_after_taking(kvs[1], [theirs for _, theirs in waiting], popped)
         assert [kvs[0].cached_tokens(mine, popped) for mine, _ in waiting] == [h * block for h in hits]
+        assert [kvs[1].cached_tokens(theirs, popped) for _, theirs in waiting] == [h * block for h in hits]
         room = kvs[0].room_sparing_hits(kvs[0].num_free)
+        assert kvs[1].room_sparing_hits(kvs[1].num_free) == room
         before = [theirs.hit_blocks for _, theirs in waiting]
         assert hits_after_taking(kvs[1], [theirs for _, theirs in waiting], room) == before
         if room < kvs[0].num_free:
