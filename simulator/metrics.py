@@ -145,6 +145,9 @@ def load_state(result: RunResult, steps: pl.DataFrame) -> dict[str, Any]:
         return state
     in_system = (window["num_waiting"] + window["num_running"]).to_numpy().astype(float)
     t = window["start"].to_numpy()
+    if np.ptp(t) == 0:  # every step of the window starts at one instant (a fleet's): no time to grow over
+        return state
+    t = t - t.mean()  # centred: a fit over a short window late in a long run stays well conditioned
     slope, intercept = np.polyfit(t, in_system, 1)
     residual = float(np.std(in_system - (slope * t + intercept)))
     # A fleet's steps each count one server's requests: the fleet's grow num_servers times as fast.
