@@ -286,7 +286,7 @@ class KVBlocks:
         if request.content is None:
             return
         keys = self._keys(request)
-        limit = min(len(keys), (request.prompt_tokens + request.emitted - 1) // self.block_size)
+        limit = self._hit_limit(request, keys)
         hits = in_use = 0
         for span, first, stop in self._pieces(keys, 0, limit, whole=False):
             hits = stop
@@ -306,7 +306,7 @@ class KVBlocks:
         if not self.caching or request.content is None:
             return 0
         keys = self._keys(request)
-        limit = min(len(keys), (request.prompt_tokens + request.emitted - 1) // self.block_size)
+        limit = self._hit_limit(request, keys)
         ends = self._ends_after_taking(popped)
         hits = 0
         for span, first, stop in self._pieces(keys, 0, limit, whole=False):
@@ -378,6 +378,10 @@ class KVBlocks:
         self.hit_tokens += request.computed
         if request.scheduled != request.scheduled:  # NaN: its first admission
             request.cached_tokens = request.computed
+
+    def _hit_limit(self, request: Request, keys: list[int]) -> int:
+        """The most blocks a hit may hold: full blocks only, the last token left to compute."""
+        return min(len(keys), (request.prompt_tokens + request.emitted - 1) // self.block_size)
 
     def _keys(self, request: Request) -> list[int]:
         if request.block_keys is None:

@@ -30,12 +30,12 @@ def progress_enabled(quiet: bool, stream: TextIO | None = None) -> bool:
     return not quiet and stream.isatty()
 
 
-
 def _tqdm() -> Any:
     """tqdm's class, imported when a bar or a status line is first drawn (a quiet run never loads it)."""
     from tqdm import tqdm
 
     return tqdm
+
 
 class Bar:
     """A progress bar over `total` units (`scale`: shown as 1.2M), drawn from `delay` seconds on;
@@ -79,8 +79,8 @@ class Bar:
     def line(self, now: float) -> str:
         width = shutil.get_terminal_size().columns
         return _tqdm().format_meter(self.done, self.total, now - self.start, ncols=width, prefix=self.desc,
-                                 unit=self.unit, unit_scale=self.scale, postfix=self.detail() or None,
-                                 initial=self.initial)
+                                    unit=self.unit, unit_scale=self.scale, postfix=self.detail() or None,
+                                    initial=self.initial)
 
     def detail(self) -> str:
         """What else the bar shows, beside counts and times."""

@@ -69,8 +69,7 @@ def decode_stretch(server: Server, wake_at: float | None) -> Process:
         log = server.log
         log.lazy_step.append(len(log))
         finishing = decoders.pop_finished()
-        seen_at = horizon if batch is None and wake_at is None else server.horizon()
-        if finishing or end >= seen_at:
+        if finishing or end >= (horizon if batch is None and wake_at is None else server.horizon()):
             yield env.timeout_at(end, server.priority)
         server.clock = end
         for step, request in finishing:

@@ -259,7 +259,8 @@ def test_decoders_growing_alone_evict_from_the_free_queue() -> None:
 
 
 @pytest.mark.parametrize("run_min", [1, stretch.RUN_MIN], ids=["every-stretch-as-arrays", "default-stretches"])
-def test_a_decode_stretch_ends_where_it_evicts_part_of_a_read_hit(run_min: int) -> None:
+def test_a_decode_stretch_ends_where_it_evicts_part_of_a_read_hit(run_min: int,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     """Found by hypothesis. Chunked, 59-token budget, block 16, 351 blocks. Request 2 (2,956
     tokens: request 1's 128, then its own), preempted after computing 2,544, waits with a
     159-block hit that nobody holds, so admitting it with a 58-token chunk needs 163 of the 160
@@ -272,12 +273,9 @@ def test_a_decode_stretch_ends_where_it_evicts_part_of_a_read_hit(run_min: int) 
                                                 ((SHARED_PREFIX, 2242), (UNIQUE + 16, 714))))
     config = RunConfig(policy="chunked", max_num_seqs=4, max_num_batched_tokens=59, long_prefill_token_threshold=59,
                        num_gpu_blocks_override=351)
-    default, stretch.RUN_MIN = stretch.RUN_MIN, run_min
-    try:
-        assert_identical(config, workload)
-        tables = build_tables(simulate(config, workload))
-    finally:
-        stretch.RUN_MIN = default
+    monkeypatch.setattr(stretch, "RUN_MIN", run_min)
+    assert_identical(config, workload)
+    tables = build_tables(simulate(config, workload))
     admission = tables.steps.filter(pl.col("prefix_cache_hit_tokens") == 7 * 16).row(-1, named=True)
     assert (admission["num_seqs"], admission["prefill_tokens"], admission["decode_tokens"]) == (2, 58, 1)
     assert admission["start"] + admission["duration"] == tables.requests["finish"][0]

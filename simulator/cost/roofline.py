@@ -118,7 +118,7 @@ class RooflineCost:
         tokens = decode_seqs + shape.prefill_tokens
         if tokens == 0:
             return 0.0
-        layer, per_step = self._fixed_cache.get((tokens, shape.num_seqs)) or self._fixed(tokens, shape.num_seqs)
+        layer, per_step = self._fixed(tokens, shape.num_seqs)
         if decode_seqs:
             layer += self.attention_time(shape.decode_context, shape.decode_context)
         if prefill_seqs:
