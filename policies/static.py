@@ -35,12 +35,13 @@ class StaticBatching:
             return Step(wake_at=deadline)
         members: list[Request] = []
         longest_prompt = longest_output = 0
+        kv = view.kv
         for request in waiting:
             if len(members) == self.max_batch_size:
                 break
             prompt = max(longest_prompt, request.prompt_tokens)
             output = max(longest_output, request.output_tokens)
-            if (len(members) + 1) * view.kv.blocks_for(prompt + output) > view.kv.num_free:
+            if (len(members) + 1) * kv.blocks_for(prompt + output) > kv.num_free:
                 break
             members.append(request)
             longest_prompt, longest_output = prompt, output

@@ -7,11 +7,20 @@
   processed in server order however they were scheduled.
 - `arrival_timeout(delay)`: processed before any ordinary event at the same instant, so a request
   arriving exactly when a step ends is seen by the scheduler at that step boundary.
+
+`run` pauses Python's cycle collector while the clock runs. A run's garbage is acyclic (steps,
+events and tuples are freed by reference counting; tests/test_one_engine.py checks that the
+collectable garbage a run leaves does not grow with its requests), and every full collection would
+walk all the requests alive so far: 0.09-0.19 s of a 100k-request run of the speed benchmark's
+cases, timed with `gc.callbacks`. The peak RSS of 30k-request runs with prefix caching, sessions
+and a fleet is the same with the collector on and off.
 """
 
 from __future__ import annotations
 
+import gc
 from heapq import heappush
+from typing import Any
 
 import simpy
 from simpy.events import NORMAL, URGENT, Timeout
@@ -40,3 +49,13 @@ class Clock(simpy.Environment):
 
     def arrival_timeout(self, delay: float) -> Timeout:
         return _At(self, self.now + delay, URGENT)
+
+    def run(self, until: Any = None) -> Any:
+        """simpy's `run`, the cycle collector paused meanwhile (see the module docstring)."""
+        was_enabled = gc.isenabled()
+        gc.disable()
+        try:
+            return super().run(until)
+        finally:
+            if was_enabled:
+                gc.enable()

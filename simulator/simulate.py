@@ -188,7 +188,8 @@ def run_engine(policy: Policy, cost: CostModel, kv_blocks: int, block_size: int,
         """The workload's request `i` (the next one by default) arrives."""
         i = len(requests) if i is None else i
         request = Request(len(requests), arrival, prompts[i], outputs[i], priorities[i])
-        request.content = request_content(contents, i, outputs[i])
+        if contents is not None:
+            request.content = request_content(contents, i, outputs[i])
         requests.append(request)
         return request
 
