@@ -32,15 +32,15 @@ class ChunkedPrefill:
 
     def __call__(self, view: View) -> Step:
         budget = self.max_num_batched_tokens
-        prefilling = view.prefilling
-        wanted = view.num_decoding + sum(self._chunk(r, budget) for r in prefilling)
+        prefilling, num_decoding = view.prefilling, view.num_decoding
+        wanted = num_decoding + sum(self._chunk(r, budget) for r in prefilling)
         if wanted > budget and (len(prefilling) > 1 or not view.is_youngest(prefilling[0])):
             # The budget runs out among running requests: who gets it depends on admission order.
             running = view.running()
             return self._fill(view, running, budget, view.kv.num_free, len(running), decode=False)
         # Every decoder fits (the budget covers max_num_seqs); at most the youngest prompt is cut short.
-        return self._fill(view, prefilling, budget - view.num_decoding, view.kv.num_free - view.decode_blocks,
-                          view.num_running, decode=view.num_decoding > 0)
+        return self._fill(view, prefilling, budget - num_decoding, view.kv.num_free - view.decode_blocks,
+                          view.num_running, decode=num_decoding > 0)
 
     def _fill(self, view: View, running: Sequence[Request], budget: int, free_blocks: int, num_seqs: int,
               decode: bool) -> Step:

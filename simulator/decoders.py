@@ -33,20 +33,18 @@ class Decoders:
         self.steps = 0
         self.key_sum = 0
         self.members: set[Request] = set()
+        self.count = 0
+        """How many decoders there are (`len(members)`, kept as they join and leave)."""
         self.residues = [0] * block_size
         self._finishing: list[tuple[int, int, int, int, Request]] = []  # (step, admitted, id, epoch, request)
 
     def __len__(self) -> int:
-        return len(self.members)
-
-    @property
-    def count(self) -> int:
-        return len(self.members)
+        return self.count
 
     @property
     def decode_context(self) -> int:
         """Sum of the decoders' contexts after their next token (the cost model's `decode_context`)."""
-        return self.key_sum + len(self.members) * self.steps
+        return self.key_sum + self.count * self.steps
 
     def join(self, request: Request) -> None:
         key = request.prompt_tokens + request.emitted - self.steps
@@ -54,6 +52,7 @@ class Decoders:
         request.decode_since = self.steps
         request.decode_epoch += 1
         self.members.add(request)
+        self.count += 1
         self.key_sum += key
         if not request.reserved_tokens:
             self.residues[key % self.block_size] += 1
@@ -66,6 +65,7 @@ class Decoders:
         key = request.decode_key
         steps = self.steps if steps is None else steps
         self.members.remove(request)
+        self.count -= 1
         self.key_sum -= key
         if not request.reserved_tokens:
             self.residues[key % self.block_size] -= 1

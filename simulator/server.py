@@ -84,7 +84,6 @@ class Server:
         self.env = env
         self.policy = policy
         self.cost = cost
-        self._kv = kv
         self.log = log
         self.limit = math.inf if time_limit is None else time_limit
         self.on_finish = on_finish
@@ -92,6 +91,9 @@ class Server:
         """Told (requests finished, clock) before every step: a progress bar."""
         self.num_finished = 0
         self._waiting, self._order = make_queues(policy.scheduling)
+        # The policy's view reads these two as they are (the rest of it below, as properties).
+        self.kv = kv
+        self.waiting: Any = WaitingWithHits(self._waiting, kv) if kv.caching else self._waiting
         self.decoders = Decoders(kv.block_size, log)
         self.explicit: list[Request] = []
         self.batch: Batch | None = None
@@ -121,10 +123,6 @@ class Server:
         return self.clock
 
     @property
-    def waiting(self) -> Any:
-        return WaitingWithHits(self._waiting, self._kv) if self._kv.caching else self._waiting
-
-    @property
     def prefilling(self) -> Sequence[Request]:
         return self.explicit
 
@@ -140,10 +138,6 @@ class Server:
     def num_running(self) -> int:
         held = len(self.batch.members) - self.batch.live if self.batch is not None else 0
         return self.decoders.count + len(self.explicit) + held
-
-    @property
-    def kv(self) -> KVBlocks:
-        return self._kv
 
     def is_youngest(self, request: Request) -> bool:
         return self._order.youngest() is request
@@ -172,7 +166,7 @@ class Server:
     def _serve(self) -> Process:
         from simulator.stretch import decode_stretch
 
-        on_step, policy, read_hits = self.on_step, self.policy, self._kv.read_hits
+        on_step, policy, read_hits = self.on_step, self.policy, self.kv.read_hits
         while True:
             if on_step is not None:
                 on_step(self.num_finished, self.clock)
@@ -181,7 +175,7 @@ class Server:
             decode = step.decode and self.decoders.count > 0
             if not step.tokens and not decode:
                 yield from self._sleep(step.wake_at)
-            elif not step.tokens and self.decoders.blocks_needed() <= self._kv.num_free:
+            elif not step.tokens and self.decoders.blocks_needed() <= self.kv.num_free:
                 yield from decode_stretch(self, step.wake_at)
             else:
                 yield from self._step(step)
@@ -233,7 +227,7 @@ class Server:
         rows, admits = self._split(step)
         decoders, log = self.decoders, self.log
         num_preempted = self._allocate(rows, step.decode and decoders.count > 0)
-        kv = self._kv
+        kv = self.kv
         queried, hit = kv.queried_tokens, kv.hit_tokens
         for request, n in admits:
             self._admit(request, n, step.batch)
@@ -303,7 +297,7 @@ class Server:
     def _allocate(self, rows: list[tuple[Request, int]], decode: bool) -> int:
         """KV for the running rows and the decoders; preempt from the back of the running set until
         it fits (see the module docstring). Returns how many were preempted."""
-        kv, decoders = self._kv, self.decoders
+        kv, decoders = self.kv, self.decoders
         if not rows:  # a prefill step's admissions are allocated apart; only the decoders grow here
             need = decoders.blocks_needed() if decode else 0
             if need <= kv.num_free:
@@ -337,7 +331,7 @@ class Server:
             self._waiting.remove(request)
         except (ValueError, KeyError, IndexError, AssertionError):
             raise PolicyError(f"request {request.id} is neither waiting nor running") from None
-        kv = self._kv
+        kv = self.kv
         if kv.caching:
             kv.take_hit(request)  # part of the hit the policy saw may have been evicted since
         needed = request.computed + n
@@ -364,7 +358,7 @@ class Server:
 
     def _preempt(self, request: Request) -> None:
         """Recompute preemption: drop its KV; tokens already emitted stay emitted."""
-        self._kv.release(request)
+        self.kv.release(request)
         request.admitted = -1
         request.computed = 0
         request.preemptions += 1
@@ -380,13 +374,13 @@ class Server:
         self.num_finished += 1
         batch = self.batch
         if batch is None:
-            self._kv.release(request)
+            self.kv.release(request)
             request.admitted = -1
         else:
             batch.live -= 1
             if batch.live == 0:
                 for member in batch.members:
-                    self._kv.release(member)
+                    self.kv.release(member)
                     member.admitted = -1
                 self.batch = None
         if self.on_finish is not None:
