@@ -24,7 +24,7 @@ from simulator.errors import InputError
 VERBS = {
     "run": "simulator.run_command:run_command",
     "batch-table": "simulator.batch_table_command:batch_table_command",
-    "sweep": "simulator.sweep:sweep_command",
+    "sweep": "simulator.sweep_command:sweep_command",
     "calibrate": "calibration.measure:calibrate_command",
     "validate": "calibration.validate:validate_command",
     "report": "simulator.report:report_command",

@@ -16,7 +16,8 @@ from simulator.errors import InputError
 from simulator.fleet import FleetResult
 from simulator.fleet_settings import is_fleet
 from simulator.hardware import GpuSpec, load_gpu
-from simulator.kv import KVBlocks, activation_reserve_bytes, check_weights_fit, kv_capacity_blocks
+from simulator.kv import KVBlocks
+from simulator.memory import activation_reserve_bytes, check_weights_fit, kv_capacity_blocks
 from simulator.model import ModelSpec, load_model
 from simulator.progress import RunProgress
 from simulator.request import Request, RequestColumns

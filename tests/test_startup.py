@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # What a run never needs: the plotting stack, PyTorch, Ray, calibration and the other verbs.
 NOT_FOR_A_RUN = ("plotly", "torch", "ray", "calibration", "calibration.measure", "calibration.validate",
                  "simulator.report", "simulator.figures", "simulator.run_figures", "simulator.sweep",
-                 "simulator.executors", "simulator.batch_table_command")
+                 "simulator.sweep_command", "simulator.executors", "simulator.batch_table_command")
 
 
 def modules_after(args: list[str], cwd: Path) -> tuple[int, set[str]]:
