@@ -99,8 +99,8 @@ class Server:
         self.batch: Batch | None = None
         self.clock = env.now
         """The server's time: ahead of `env.now` after steps carried out without a timeout."""
-        self.submitted: list[float] = []
-        """When requests were submitted, since the last decode stretch began."""
+        self.submitted: list[float] | None = None
+        """When requests were submitted while a decode stretch is waited for (None between stretches)."""
         self.priority: int = NORMAL
         """Of its timeouts among events at the same instant (a fleet orders servers by index)."""
         self.horizon: Callable[[], float] = env.peek
@@ -150,7 +150,8 @@ class Server:
     def submit(self, request: Request, at: float | None = None) -> None:
         """A request joins the waiting queue (at `at`, or now)."""
         self._waiting.push(request)
-        self.submitted.append(self.env.now if at is None else at)
+        if self.submitted is not None:
+            self.submitted.append(self.env.now if at is None else at)
         if self._sleeping:
             self._sleeping = False
             self._wakeup.put(request.id)

@@ -88,10 +88,10 @@ def decode_stretch(server: Server, wake_at: float | None) -> Process:
         durations, ends, used, crossing = _scalar(server, rows, context0, per_step, k_max, growing, horizon, first)
     k = len(ends)
     assert k > 0, "a first step past the limit or the next event, or short of KV, is taken the short way above"
-    server.submitted.clear()
     waiting0, kv_used0, running0 = len(server.waiting), kv.num_used, server.num_running
     live0 = decoders.count
     end = float(ends[-1])
+    submitted = server.submitted = []  # arrivals meanwhile, and closed-loop clients' next requests at finishes
     if decoders.next_finish() <= steps0 + k or end >= server.horizon():
         server.stretch_kv = (ends, used) if growing else None
         yield env.timeout_at(end, server.priority)
@@ -111,7 +111,7 @@ def decode_stretch(server: Server, wake_at: float | None) -> Process:
         log.lazy_step.frombytes(np.arange(index0, index0 + k, dtype=np.int32).tobytes())
         finish_steps = np.array([s for s, _ in finishing], dtype=np.int64)
         live = live0 - np.searchsorted(finish_steps, steps0 + np.arange(k, dtype=np.int64), side="right")
-        num_waiting = waiting0 + np.searchsorted(np.sort(np.array(server.submitted)), ends, side="right")
+        num_waiting = waiting0 + np.searchsorted(np.sort(np.array(submitted)), ends, side="right")
         kv_used = kv_used0 + (used if growing else np.zeros(k, dtype=np.int64))
         num_running = np.full(k, running0, dtype=np.int64)
         kv_used[-1], num_running[-1] = kv.num_used, server.num_running
@@ -119,7 +119,7 @@ def decode_stretch(server: Server, wake_at: float | None) -> Process:
                    {"num_seqs": live, "decode_tokens": live, "padded_tokens": rows - live, "kv_blocks_used": kv_used,
                     "num_waiting": num_waiting, "num_running": num_running})
     else:
-        submitted = sorted(server.submitted)
+        submitted = sorted(submitted)
         done = [s for s, _ in finishing]
         for j in range(k):
             log.lazy_step.append(index0 + j)
@@ -130,6 +130,7 @@ def decode_stretch(server: Server, wake_at: float | None) -> Process:
                        server.num_running if last_row else running0, 0)
             start = ends[j]
     server.clock = end
+    server.submitted = None
     if crossing is not None:  # priced already: the step the clock stops in
         yield env.timeout_at(crossing, server.priority)
 
