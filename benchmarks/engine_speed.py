@@ -11,7 +11,9 @@ folder's largest file) and times that.
 `--baseline REV` runs the same cases, in the same benchmark run, on servesim as it was at git
 revision REV (checked out into a temporary worktree; default: the last commit before the one-engine
 redesign, whose default engine was `simulator/fast.py`), alternating with this checkout's runs
-(`--repeat`, 3 by default), and prints the medians and the ratio of the median wall times.
+(`--repeat`, 3 by default), and prints the medians and the ratio of wall times: the median, over
+the repeats, of each run's ratio to the baseline run beside it (each pair ran back to back, so a
+machine that slows down for a while slows both), with the lowest and highest of those ratios.
 `a-copied-chunked-c64` runs a fresh copy of `policies/chunked.py` registered under another name
 (the baseline runs its built-in chunked policy there).
 
@@ -173,7 +175,7 @@ def main() -> None:
     old = None if args.no_baseline else baseline_tree(args.baseline)
     try:
         print(f"{'case':<20}{'requests':>9}{'wall s':>9}{'engine s':>10}{'tokens s':>10}{'steps':>10}"
-              f"{'peak MB':>9}{'baseline wall s':>17}{'MB':>7}{'wall / baseline':>17}")
+              f"{'peak MB':>9}{'baseline wall s':>17}{'MB':>7}{'wall / baseline':>17}{'pairs':>12}")
         for n in (int(s) for s in args.sizes.split(",")):
             for case in args.cases.split(","):
                 baseline_case = case.replace("copied-", "")
@@ -189,7 +191,9 @@ def main() -> None:
                         f"{new.get('tokens_s', float('nan')):>10.2f}{new['steps']:>10}{new['peak_rss_mb']:>9.0f}")
                 if refs:
                     ref = median_run(refs)
-                    line += f"{ref['wall_s']:>17.2f}{ref['peak_rss_mb']:>7.0f}{new['wall_s'] / ref['wall_s']:>17.2f}"
+                    ratios = sorted(n["wall_s"] / r["wall_s"] for n, r in zip(news, refs, strict=True))
+                    line += (f"{ref['wall_s']:>17.2f}{ref['peak_rss_mb']:>7.0f}{float(np.median(ratios)):>17.2f}"
+                             f"{f'{ratios[0]:.2f}-{ratios[-1]:.2f}':>12}")
                 print(line, flush=True)
     finally:
         if old is not None:
