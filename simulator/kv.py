@@ -107,7 +107,8 @@ class KVBlocks:
     def extra_blocks(self, request: Request, tokens: int) -> int:
         """Blocks a request must still get to hold `tokens` tokens (a waiting request's hit blocks
         that others hold cost none)."""
-        return max(0, -(-tokens // self.block_size) - request.blocks - request.hit_in_use)
+        extra = -(-tokens // self.block_size) - request.blocks - request.hit_in_use
+        return extra if extra > 0 else 0
 
     def take(self, n: int) -> None:
         """`n` blocks out of the free pool, from the head of the queue (evicting cached ones)."""

@@ -20,30 +20,23 @@ from simulator.request import Request
 from simulator.step import Scheduling
 
 
-class FcfsQueue:
-    def __init__(self) -> None:
-        self._queue: deque[Request] = deque()
-
-    def __iter__(self) -> Iterator[Request]:
-        return iter(self._queue)
-
-    def __len__(self) -> int:
-        return len(self._queue)
+class FcfsQueue(deque[Request]):
+    """A deque, so that a policy iterating it and the engine counting it make no Python call."""
 
     def first(self) -> Request:
-        return self._queue[0]
+        return self[0]
 
     def push(self, request: Request) -> None:
-        self._queue.append(request)
+        self.append(request)
 
     def requeue(self, request: Request) -> None:
-        self._queue.appendleft(request)
+        self.appendleft(request)
 
     def remove(self, request: Request) -> None:
-        if self._queue[0] is request:
-            self._queue.popleft()
+        if self[0] is request:
+            self.popleft()
         else:
-            self._queue.remove(request)
+            super().remove(request)
 
 
 def _order(request: Request) -> tuple[int, float, int]:

@@ -264,7 +264,9 @@ class Server:
         if num_lazy:
             decoders.steps += 1
             log.lazy_step.append(index)
-            finished = [request for _, request in decoders.pop_finished()]
+            finishing = decoders.pop_finished()
+            if finishing:
+                finished = [request for _, request in finishing]
         for request, n in explicit_rows:
             request.computed += n
             if request.computed == request.prompt_tokens + request.emitted:

@@ -75,8 +75,9 @@ class RooflineCost:
     def attention_time(self, kv_tokens: float, pairs: float) -> float:
         """One layer's attention over `kv_tokens` of cached context and `pairs` query-key products."""
         gpu = self.gpu
-        return gpu.attn_kernel_latency + max(kv_tokens * self._kv_bytes_per_token / gpu.attn_bw,
-                                             self._flops_per_pair * pairs / gpu.attn_flops)
+        memory = kv_tokens * self._kv_bytes_per_token / gpu.attn_bw
+        compute = self._flops_per_pair * pairs / gpu.attn_flops
+        return gpu.attn_kernel_latency + (compute if compute > memory else memory)  # max(), without the call
 
     def _fixed(self, tokens: int, num_seqs: int) -> tuple[float, float]:
         """The parts of a step that depend only on its token and sequence counts: per layer (GEMMs,
