@@ -13,7 +13,9 @@ revision REV (checked out into a temporary worktree; default: the last commit be
 redesign, whose default engine was `simulator/fast.py`), alternating with this checkout's runs
 (`--repeat`, 3 by default), and prints the medians and the ratio of wall times: the median, over
 the repeats, of each run's ratio to the baseline run beside it (each pair ran back to back, so a
-machine that slows down for a while slows both), with the lowest and highest of those ratios.
+machine that slows down for a while slows both), with the lowest and highest of those ratios, and
+the same median for CPU time (user + system; a process waiting for a core counts in its wall time
+only).
 `a-copied-chunked-c64` runs a fresh copy of `policies/chunked.py` registered under another name
 (the baseline runs its built-in chunked policy there).
 
@@ -123,18 +125,22 @@ def register_copy(module: str, name: str) -> None:
 
 
 def measure(tree: Path, case: str, n: int, tokens: bool, baseline: bool) -> dict[str, Any]:
-    """Run one case in a fresh process of the servesim in `tree`; `wall_s` is the whole process."""
+    """Run one case in a fresh process of the servesim in `tree`; `wall_s` is the whole process,
+    `cpu_s` its user and system CPU time."""
     if baseline:  # the old benchmark's own entry point: CASE N ENGINE
         command = ["--one", case, str(n), "fast"]
     else:
         command = ["--one", case, str(n)] + (["--tokens-dir", tempfile.mkdtemp()] if tokens else [])
     env = os.environ | {"PYTHONPATH": str(tree)}
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     done = subprocess.run([sys.executable, "-m", "benchmarks.engine_speed", *command], cwd=tree, env=env,
                           capture_output=True, text=True, check=True)
     wall = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
     row: dict[str, Any] = json.loads(done.stdout)
     row["wall_s"] = wall
+    row["cpu_s"] = after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
     row.setdefault("engine_s", row.get("wall_s", wall))
     return row
 
@@ -175,7 +181,8 @@ def main() -> None:
     old = None if args.no_baseline else baseline_tree(args.baseline)
     try:
         print(f"{'case':<20}{'requests':>9}{'wall s':>9}{'engine s':>10}{'tokens s':>10}{'steps':>10}"
-              f"{'peak MB':>9}{'baseline wall s':>17}{'MB':>7}{'wall / baseline':>17}{'pairs':>12}")
+              f"{'peak MB':>9}{'baseline wall s':>17}{'MB':>7}{'wall / baseline':>17}{'pairs':>12}"
+              f"{'cpu / baseline':>16}")
         for n in (int(s) for s in args.sizes.split(",")):
             for case in args.cases.split(","):
                 baseline_case = case.replace("copied-", "")
@@ -192,8 +199,9 @@ def main() -> None:
                 if refs:
                     ref = median_run(refs)
                     ratios = sorted(n["wall_s"] / r["wall_s"] for n, r in zip(news, refs, strict=True))
+                    cpu = float(np.median([n["cpu_s"] / r["cpu_s"] for n, r in zip(news, refs, strict=True)]))
                     line += (f"{ref['wall_s']:>17.2f}{ref['peak_rss_mb']:>7.0f}{float(np.median(ratios)):>17.2f}"
-                             f"{f'{ratios[0]:.2f}-{ratios[-1]:.2f}':>12}")
+                             f"{f'{ratios[0]:.2f}-{ratios[-1]:.2f}':>12}{cpu:>16.2f}")
                 print(line, flush=True)
     finally:
         if old is not None:
