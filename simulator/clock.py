@@ -48,7 +48,7 @@ class Clock(simpy.Environment):
         return _At(self, at, priority)
 
     def arrival_timeout(self, delay: float) -> Timeout:
-        return _At(self, self.now + delay, URGENT)
+        return _At(self, self._now + delay, URGENT)  # type: ignore[attr-defined]
 
     def run(self, until: Any = None) -> Any:
         """simpy's `run`, the cycle collector paused meanwhile (see the module docstring)."""

@@ -218,8 +218,9 @@ def run_engine(policy: Policy, cost: CostModel, kv_blocks: int, block_size: int,
 
         def arrive() -> Process:
             for t in arrivals:
-                if t > env.now:
-                    yield env.arrival_timeout(t - env.now)
+                now = env.now
+                if t > now:
+                    yield env.arrival_timeout(t - now)
                 server.submit(make_request(t))
 
         env.process(arrive())
