@@ -26,7 +26,13 @@ workload. Those were measured elsewhere, not by this script: on the same kind of
 whole process, median of 3 alternating runs, microsoft/vidur with the sarathi scheduler (8,192-token
 chunks), Llama-3-8B on H100, Poisson 12 req/s, fixed 2,000/300 tokens, metrics off (`VIDUR`).
 
+`--instructions` counts the instructions per request of each case, here and on the baseline, under
+valgrind's callgrind: two whole processes of `INSTRUCTION_SIZES` requests each, their difference
+divided by the difference in requests. Unlike wall time on a shared machine, it does not move from
+run to run; it does not see what a cache miss or a mispredicted branch costs.
+
 Run: python -m benchmarks.engine_speed [--sizes 10000,100000,1000000] [--baseline REV | --no-baseline]
+     python -m benchmarks.engine_speed --instructions [--cases b-static-r12,b-chunked-r12]
      python -m benchmarks.engine_speed --vidur [--sizes 10000,100000] [--repeat 3]
 """
 
@@ -35,6 +41,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import resource
 import shutil
 import subprocess
@@ -169,6 +176,8 @@ def main() -> None:
                         help="runs of each case, alternating with the baseline's; medians are printed")
     parser.add_argument("--vidur", action="store_true",
                         help="the speed issue's case as whole `simulate` processes, against Vidur's figures")
+    parser.add_argument("--instructions", action="store_true",
+                        help="instructions per request under valgrind's callgrind, beside the baseline's")
     parser.add_argument("--one", nargs=2, metavar=("CASE", "N"), help=argparse.SUPPRESS)
     parser.add_argument("--tokens-dir", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -180,6 +189,9 @@ def main() -> None:
         return
     old = None if args.no_baseline else baseline_tree(args.baseline)
     try:
+        if args.instructions:
+            instructions_table(args.cases.split(","), old)
+            return
         print(f"{'case':<20}{'requests':>9}{'wall s':>9}{'engine s':>10}{'tokens s':>10}{'steps':>10}"
               f"{'peak MB':>9}{'baseline wall s':>17}{'MB':>7}{'wall / baseline':>17}{'pairs':>12}"
               f"{'cpu / baseline':>16}")
@@ -198,8 +210,9 @@ def main() -> None:
                         f"{new.get('tokens_s', float('nan')):>10.2f}{new['steps']:>10}{new['peak_rss_mb']:>9.0f}")
                 if refs:
                     ref = median_run(refs)
-                    ratios = sorted(n["wall_s"] / r["wall_s"] for n, r in zip(news, refs, strict=True))
-                    cpu = float(np.median([n["cpu_s"] / r["cpu_s"] for n, r in zip(news, refs, strict=True)]))
+                    pairs = list(zip(news, refs, strict=True))
+                    ratios = sorted(a["wall_s"] / b["wall_s"] for a, b in pairs)
+                    cpu = float(np.median([a["cpu_s"] / b["cpu_s"] for a, b in pairs]))
                     line += (f"{ref['wall_s']:>17.2f}{ref['peak_rss_mb']:>7.0f}{float(np.median(ratios)):>17.2f}"
                              f"{f'{ratios[0]:.2f}-{ratios[-1]:.2f}':>12}{cpu:>16.2f}")
                 print(line, flush=True)
@@ -207,6 +220,40 @@ def main() -> None:
         if old is not None:
             subprocess.run(["git", "worktree", "remove", "--force", str(old)], cwd=ROOT, capture_output=True)
             shutil.rmtree(old, ignore_errors=True)
+
+
+INSTRUCTION_SIZES = (2_000, 6_000)
+"""Two runs per case: the difference of their counts is the engine's and its summary's, start-up cancels."""
+
+
+def instructions(tree: Path, case: str, n: int, baseline: bool) -> int:
+    """Instructions one whole `--one` process executes under callgrind (BLAS on one thread, whose
+    idle threads would otherwise spin and count; a fixed hash seed)."""
+    command = ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", sys.executable, "-m",
+               "benchmarks.engine_speed", "--one", case, str(n), *(["fast"] if baseline else [])]
+    env = os.environ | {"PYTHONPATH": str(tree), "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1",
+                        "PYTHONHASHSEED": "0"}
+    done = subprocess.run(command, cwd=tree, env=env, capture_output=True, text=True, check=True)
+    counted = re.search(r"Collected : (\d+)", done.stderr)
+    assert counted is not None, done.stderr[-2000:]
+    return int(counted.group(1))
+
+
+def instructions_table(cases: list[str], old: Path | None) -> None:
+    """Instructions per request, a figure the machine's load does not move (unlike wall time)."""
+    def per_request(tree: Path, case: str, baseline: bool) -> float:
+        low, high = INSTRUCTION_SIZES
+        return (instructions(tree, case, high, baseline) - instructions(tree, case, low, baseline)) / (high - low)
+
+    print(f"{'case':<20}{'instructions / request':>24}{'baseline':>10}{'ratio':>7}")
+    for case in cases:
+        new = per_request(ROOT, case, False)
+        line = f"{case:<20}{new:>24,.0f}"
+        baseline_case = case.replace("copied-", "")
+        if old is not None and f'"{baseline_case}"' in old_cases(old):
+            ref = per_request(old, baseline_case, True)
+            line += f"{ref:>10,.0f}{new / ref:>7.2f}"
+        print(line, flush=True)
 
 
 def cli_wall(n: int, tokens: bool) -> tuple[float, float]:
