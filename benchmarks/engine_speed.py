@@ -131,13 +131,23 @@ def register_copy(module: str, name: str) -> None:
     policies.POLICIES[name] = copy.build
 
 
+def one_case(case: str, n: int, baseline: bool) -> list[str]:
+    """This benchmark's arguments for one case in its own process; the baseline's entry point was
+    CASE N ENGINE."""
+    return ["--one", case, str(n), *(["fast"] if baseline else [])]
+
+
+def baseline_case(case: str, old: Path | None) -> str | None:
+    """The case the baseline runs beside `case` (its built-in policy for the copied one), or None
+    when there is no baseline or it lacks the case."""
+    name = case.replace("copied-", "")
+    return name if old is not None and f'"{name}"' in old_cases(old) else None
+
+
 def measure(tree: Path, case: str, n: int, tokens: bool, baseline: bool) -> dict[str, Any]:
     """Run one case in a fresh process of the servesim in `tree`; `wall_s` is the whole process,
     `cpu_s` its user and system CPU time."""
-    if baseline:  # the old benchmark's own entry point: CASE N ENGINE
-        command = ["--one", case, str(n), "fast"]
-    else:
-        command = ["--one", case, str(n)] + (["--tokens-dir", tempfile.mkdtemp()] if tokens else [])
+    command = one_case(case, n, baseline) + (["--tokens-dir", tempfile.mkdtemp()] if tokens else [])
     env = os.environ | {"PYTHONPATH": str(tree)}
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
@@ -187,6 +197,8 @@ def main() -> None:
     if args.vidur:
         vidur_table([int(s) for s in args.sizes.split(",")], args.repeat)
         return
+    if args.instructions and shutil.which("valgrind") is None:
+        parser.error("--instructions counts under valgrind's callgrind, and valgrind is not on PATH")
     old = None if args.no_baseline else baseline_tree(args.baseline)
     try:
         if args.instructions:
@@ -197,14 +209,13 @@ def main() -> None:
               f"{'cpu / baseline':>16}")
         for n in (int(s) for s in args.sizes.split(",")):
             for case in args.cases.split(","):
-                baseline_case = case.replace("copied-", "")
-                compare = old is not None and f'"{baseline_case}"' in old_cases(old)
+                reference = baseline_case(case, old)
                 news, refs = [], []
                 for _ in range(args.repeat):  # alternating, so both see the same machine
                     news.append(measure(ROOT, case, n, args.tokens, baseline=False))
-                    if compare:
+                    if reference is not None:
                         assert old is not None
-                        refs.append(measure(old, baseline_case, n, False, baseline=True))
+                        refs.append(measure(old, reference, n, False, baseline=True))
                 new = median_run(news)
                 line = (f"{case:<20}{n:>9}{new['wall_s']:>9.2f}{new['engine_s']:>10.2f}"
                         f"{new.get('tokens_s', float('nan')):>10.2f}{new['steps']:>10}{new['peak_rss_mb']:>9.0f}")
@@ -230,7 +241,7 @@ def instructions(tree: Path, case: str, n: int, baseline: bool) -> int:
     """Instructions one whole `--one` process executes under callgrind (BLAS on one thread, whose
     idle threads would otherwise spin and count; a fixed hash seed)."""
     command = ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", sys.executable, "-m",
-               "benchmarks.engine_speed", "--one", case, str(n), *(["fast"] if baseline else [])]
+               "benchmarks.engine_speed", *one_case(case, n, baseline)]
     env = os.environ | {"PYTHONPATH": str(tree), "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1",
                         "PYTHONHASHSEED": "0"}
     done = subprocess.run(command, cwd=tree, env=env, capture_output=True, text=True, check=True)
@@ -249,9 +260,10 @@ def instructions_table(cases: list[str], old: Path | None) -> None:
     for case in cases:
         new = per_request(ROOT, case, False)
         line = f"{case:<20}{new:>24,.0f}"
-        baseline_case = case.replace("copied-", "")
-        if old is not None and f'"{baseline_case}"' in old_cases(old):
-            ref = per_request(old, baseline_case, True)
+        reference = baseline_case(case, old)
+        if reference is not None:
+            assert old is not None
+            ref = per_request(old, reference, True)
             line += f"{ref:>10,.0f}{new / ref:>7.2f}"
         print(line, flush=True)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from operator import attrgetter
 from typing import NamedTuple
 
@@ -117,10 +117,8 @@ class RequestColumns:
     def from_requests(cls, requests: list[Request]) -> RequestColumns:
         """One pass over the requests per field, straight into its array (no intermediate rows)."""
         n = len(requests)
-        return cls(*(np.fromiter(map(attrgetter(name), requests), np.int64 if name in INT_FIELDS else np.float64, n)
-                     for name in FIELDS))
+        return cls(*(np.fromiter(map(attrgetter(f.name), requests), np.int64 if f.name in INT_FIELDS else np.float64, n)
+                     for f in fields(cls)))
 
 
-FIELDS = ("arrival", "prompt_tokens", "output_tokens", "emitted", "scheduled", "first_token", "finish", "preemptions",
-          "priority", "cached_tokens")
 INT_FIELDS = frozenset({"prompt_tokens", "output_tokens", "emitted", "preemptions", "priority", "cached_tokens"})
