@@ -91,8 +91,8 @@ def tiled_trace(n: int):  # type: ignore[no-untyped-def]
 def run_one(case: str, n: int, tokens_dir: str | None = None) -> dict[str, float | str | int]:
     """One case in this process: the simulation, its summary and, with `tokens_dir`, its tokens table."""
     from simulator.config import RunConfig
-    from simulator.metrics import build_tables, summarize
-    from simulator.simulate import simulate
+    from simulator.metrics.summary import build_tables, summarize
+    from simulator.run.simulate import simulate
 
     settings = dict(CASES[case])
     if settings["policy"] == "copied-chunked":
@@ -108,7 +108,7 @@ def run_one(case: str, n: int, tokens_dir: str | None = None) -> dict[str, float
     row: dict[str, float | str | int] = {"case": case, "requests": n, "engine_s": engine,
                                          "simulated_s": summary["duration"], "steps": summary["num_steps"]}
     if tokens_dir is not None:
-        from simulator.tokens import TokensTable
+        from simulator.metrics.tokens import TokensTable
 
         TokensTable(result.log).write(Path(tokens_dir) / "tokens.parquet", {})
         row["tokens_s"] = time.perf_counter() - start - engine

@@ -27,8 +27,8 @@ ROOT = Path(__file__).resolve().parents[1]
 def one(policy: str, rate: float, requests: int, replicas: int, seed: int, router: str) -> dict[str, Any]:
     """One run, timed inside this process."""
     from simulator.config import RunConfig
-    from simulator.metrics import build_tables, summarize
-    from simulator.simulate import simulate
+    from simulator.metrics.summary import build_tables, summarize
+    from simulator.run.simulate import simulate
 
     start = time.perf_counter()
     result = simulate(RunConfig(policy=policy, rate=rate, num_requests=requests, num_replicas=replicas, seed=seed,

@@ -33,8 +33,8 @@ SHARED = dict(prefix_len=1000, num_prefixes=8, input_len=1000)
 
 def engine_seconds(settings: dict[str, object], n: int) -> float:
     from simulator.config import RunConfig
-    from simulator.metrics import build_tables, summarize
-    from simulator.simulate import simulate
+    from simulator.metrics.summary import build_tables, summarize
+    from simulator.run.simulate import simulate
 
     start = time.perf_counter()
     result = simulate(RunConfig(num_requests=n, **settings))  # type: ignore[arg-type]
@@ -56,8 +56,8 @@ def speed(sizes: list[int], repeat: int) -> None:
 
 def mooncake(num_requests: int, trace_speed: float) -> None:
     from simulator.config import RunConfig
-    from simulator.metrics import build_tables, summarize
-    from simulator.simulate import simulate
+    from simulator.metrics.summary import build_tables, summarize
+    from simulator.run.simulate import simulate
 
     config = RunConfig(policy="chunked", trace=str(MOONCAKE), num_requests=num_requests, trace_speed=trace_speed)
     print(f"Mooncake conversation trace, first {num_requests} requests at {trace_speed:g}x, {config.model} on "

@@ -28,7 +28,7 @@ from pathlib import Path
 from benchmarks.engine_speed import BASELINE, baseline_tree
 
 ROOT = Path(__file__).resolve().parents[1]
-CLI = "from simulator.cli import run; run()"
+CLI = "from simulator.cli.main import run; run()"
 REFUSED = {"import phase of run": 2}
 """The cases whose process ends in a refusal, and its exit status; the others exit 0."""
 CASES = {

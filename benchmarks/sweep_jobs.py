@@ -17,7 +17,7 @@ from pathlib import Path
 
 import polars as pl
 
-from simulator.sweep import SweepSpec, run_sweep
+from simulator.sweep.grid import SweepSpec, run_sweep
 
 
 def main() -> None:

@@ -4,7 +4,7 @@ serving results, over servesim's own predictions of them.
 The terms (seconds, all >= 0) are those the cost models add to every step (`simulator.cost.roofline.
 host_overhead`): `step_overhead` per step, `per_sequence_overhead` per sequence in the step,
 `per_token_overhead` per token computed in it; and `client_time`, the mean per-request time outside
-the engine that a client's TTFT counts (`simulator.replay`).
+the engine that a client's TTFT counts (`simulator.sim2real.replay`).
 
 The fit is Gauss-Newton on the simulator: each round reruns every fitted point with the current
 terms, and takes the derivatives from the run itself. A request's TTFT is the sum of the steps
@@ -18,7 +18,7 @@ after `ROUNDS`.
 Each term is fitted to the measurement that observes it: the three per-step terms to the points'
 mean TPOT (a request's TPOT is the mean length of the steps it decodes in, so it measures step
 time directly), `client_time` to their mean TTFT. A TTFT is mostly waiting: how prompts batch
-into steps (closed-loop waves, see `simulator.replay`) decides it more than any step's host time,
+into steps (closed-loop waves, see `simulator.sim2real.replay`) decides it more than any step's host time,
 and fitting step terms to it would let a scheduling miss pass for negative host time.
 """
 
@@ -86,7 +86,7 @@ def write_profile(base: Path, out: Path, values: dict[str, float], fit: dict[str
 def _run(points: list[Any], base: Path, values: dict[str, float], work: Path, round_: int
          ) -> tuple[pl.DataFrame, np.ndarray]:
     """Every point rerun with `values`: its residual rows and, per fitted statistic, d/d terms."""
-    from simulator.compare import rerun, simulated_statistics
+    from simulator.sim2real.compare import rerun, simulated_statistics
 
     folder = work / f"round{round_}"
     write_profile(base, folder, values, {"values": values, "fitted_on": {"files": ["a round"], "points": len(points)}})
@@ -152,9 +152,9 @@ def median_errors(residuals: pl.DataFrame) -> dict[str, dict[str, float]]:
               help="The weight dtype of the points used: none (bf16) or fp8.")
 def fit_command(results: tuple[Path, ...], gpu: str, out: Path, fit_tp: tuple[int, ...], quantization: str) -> None:
     """Fit a profile's host overhead to measured results by least squares and write the profile."""
-    from simulator.hardware import load_gpu, profile_dir
-    from simulator.measured_points import read_points
-    from simulator.outputs import check_writable
+    from simulator.deploy.hardware import load_gpu, profile_dir
+    from simulator.outputs.run_folder import check_writable
+    from simulator.sim2real.measured import read_points
 
     base = profile_dir(gpu)
     name = load_gpu(gpu).name

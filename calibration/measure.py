@@ -31,10 +31,10 @@ import click
 import polars as pl
 
 from simulator.cost import MeasuredCost, StepShape, build_tables, elementwise_ops
+from simulator.deploy.hardware import TABLE_COLUMNS, load_profile
+from simulator.deploy.model import ModelSpec, load_model
 from simulator.errors import InputError
-from simulator.hardware import TABLE_COLUMNS, load_profile
-from simulator.model import ModelSpec, load_model
-from simulator.outputs import check_out_dir
+from simulator.outputs.run_folder import check_out_dir
 
 FORMAT = 1
 # Operands are cycled through copies totalling at least this many bytes, more than the device's last

@@ -18,12 +18,12 @@ from pathlib import Path
 import click
 import polars as pl
 
+from simulator.cli.options import deployment_options
 from simulator.config import RunConfig
 from simulator.cost import CostModel, MeasuredCost, StepShape, build_cost_model, build_tables
+from simulator.deploy.hardware import load_profile, profile_dir
+from simulator.deploy.model import LLAMA_3_1_8B, ModelSpec
 from simulator.errors import InputError
-from simulator.hardware import load_profile, profile_dir
-from simulator.model import LLAMA_3_1_8B, ModelSpec
-from simulator.options import deployment_options
 
 CHAPTER_CONTEXT = 2300
 CHAPTER_DECODE = {1: 7.0e-3, 8: 7.8e-3, 64: 14.1e-3, 128: 21.7e-3}

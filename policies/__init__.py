@@ -8,8 +8,8 @@ from collections.abc import Callable
 
 from policies import chunked, continuous, priority, static
 from simulator.config import RunConfig
+from simulator.engine.step import Policy
 from simulator.errors import InputError
-from simulator.step import Policy
 
 POLICIES: dict[str, Callable[[RunConfig], Policy]] = {
     "static": static.build,

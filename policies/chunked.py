@@ -12,8 +12,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from simulator.config import RunConfig
-from simulator.request import Request
-from simulator.step import Scheduling, Step, View
+from simulator.engine.request import Request
+from simulator.engine.step import Scheduling, Step, View
 
 
 @dataclass(frozen=True)

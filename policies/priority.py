@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from policies.chunked import ChunkedPrefill
 from simulator.config import RunConfig
-from simulator.step import Scheduling
+from simulator.engine.step import Scheduling
 
 
 @dataclass(frozen=True)

@@ -13,8 +13,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from simulator.config import RunConfig
-from simulator.request import Request
-from simulator.step import PaddedBatch, Scheduling, Step, View
+from simulator.engine.request import Request
+from simulator.engine.step import PaddedBatch, Scheduling, Step, View
 
 
 @dataclass(frozen=True)

@@ -10,8 +10,9 @@ import pytest
 
 from simulator.config import RunConfig
 from simulator.cost import StepShape
-from simulator.metrics import build_tables
-from simulator.simulate import RunResult, simulate
+from simulator.metrics.summary import build_tables
+from simulator.run.result import RunResult
+from simulator.run.simulate import simulate
 from workloads import Workload
 
 TRACES = Path(__file__).resolve().parents[2] / "shared" / "reference" / "traces"

@@ -1,17 +1,17 @@
-"""The prefix cache block by block, one Python step per block: the reference `simulator.kv`'s
+"""The prefix cache block by block, one Python step per block: the reference `simulator.engine.kv`'s
 KVBlocks (which works on runs of blocks at once) must match to the last bit (tests/test_prefix_cache.py).
-Keys come from `simulator.kv.block_keys`, so both hash the same blocks alike."""
+Keys come from `simulator.engine.kv.block_keys`, so both hash the same blocks alike."""
 
 from __future__ import annotations
 
 from collections import OrderedDict, deque
 
-from simulator.kv import KVBlocks
-from simulator.request import Request
+from simulator.engine.kv import KVBlocks
+from simulator.engine.request import Request
 
 
 class ReferenceKVBlocks(KVBlocks):
-    """`simulator.kv.KVBlocks` with its cache bookkeeping one block at a time, in state of its own:
+    """`simulator.engine.kv.KVBlocks` with its cache bookkeeping one block at a time, in state of its own:
     each cached key's reference count, the free queue as positions (cached blocks one by one,
     uncached ones as runs), and each request's held keys (None: an uncached copy)."""
 

@@ -1,10 +1,10 @@
 """The test oracle: the straightforward engine, one SimPy event per step, every request touched.
 
-It serves the same policies through the same view (`simulator.step`), computing every view property
+It serves the same policies through the same view (`simulator.engine.step`), computing every view property
 by walking the running set, and carries out each step literally: the running rows in admission order
 (the decoders with one token each), each growing its KV and, when it cannot, preempting the victim
 (most recently admitted, or the lowest-priority latest arrival) until it can or is itself the victim;
-then the admissions; then one timeout for the step. `simulator.server` must give the same tables to
+then the admissions; then one timeout for the step. `simulator.engine.server` must give the same tables to
 the last bit (tests/test_engines.py).
 
 With prefix caching every waiting request is looked up before every step; the rows' blocks are
@@ -24,14 +24,14 @@ import simpy
 from simpy.events import NORMAL, URGENT, Timeout
 
 from simulator.cost import CostModel, StepShape
-from simulator.fleet import FleetResult, Pool, merge_logs
-from simulator.kv import KVBlocks
-from simulator.request import Request, RequestColumns
-from simulator.server import PolicyError, PolicyStalledError
-from simulator.sessions import SessionClients
-from simulator.step import Policy, Step
-from simulator.steplog import StepLog
-from simulator.transfer import KVLink
+from simulator.engine.kv import KVBlocks
+from simulator.engine.request import Request, RequestColumns
+from simulator.engine.server import PolicyError, PolicyStalledError
+from simulator.engine.step import Policy, Step
+from simulator.engine.steplog import StepLog
+from simulator.fleet.engine import FleetResult, Pool, merge_logs
+from simulator.fleet.transfer import KVLink
+from simulator.run.sessions import SessionClients
 from workloads import Workload
 from workloads.prefixes import request_content
 

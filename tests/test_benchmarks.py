@@ -46,7 +46,7 @@ def test_the_vidur_case_is_the_speed_issues_command(tmp_path: Path) -> None:
     assert wall > 0 and peak > 0
     from click.testing import CliRunner
 
-    from simulator.cli import main
+    from simulator.cli.main import main
 
     out = tmp_path / "run"
     result = CliRunner().invoke(main, [*VIDUR_CASE, "--num-prompts", "50", "--no-tokens", "--out", str(out)])
@@ -66,8 +66,8 @@ def test_prefix_cache_benchmark_runs_the_workload_it_names() -> None:
     later requests find cached; its plain case (a) has nothing to find."""
     from benchmarks.prefix_cache import CASE_A, SHARED
     from simulator.config import RunConfig
-    from simulator.metrics import build_tables, summarize
-    from simulator.simulate import simulate
+    from simulator.metrics.summary import build_tables, summarize
+    from simulator.run.simulate import simulate
 
     shared = simulate(RunConfig(num_requests=200, **CASE_A | SHARED))  # type: ignore[arg-type]
     assert (shared.requests.prompt_tokens == 2000).all()

@@ -20,12 +20,12 @@ import pytest
 
 from calibration.measure import calibrate
 from calibration.validate import validation_errors
-from simulator.cli import run
+from simulator.cli.main import run
 from simulator.config import RunConfig
 from simulator.cost import MeasuredCost, StepShape, build_cost_model
-from simulator.hardware import TABLE_COLUMNS, load_gpu, load_profile
-from simulator.model import TINY
-from simulator.simulate import simulate
+from simulator.deploy.hardware import TABLE_COLUMNS, load_gpu, load_profile
+from simulator.deploy.model import TINY
+from simulator.run.simulate import simulate
 
 
 @pytest.fixture(scope="module")

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import pytest
 
-from simulator.batch_table import batch_table
 from simulator.config import RunConfig
 from simulator.cost import StepShape, build_cost_model, measured_cost
-from simulator.hardware import load_gpu
-from simulator.model import LLAMA_3_1_8B
-from simulator.simulate import kv_cache_blocks
+from simulator.cost.batch_table import batch_table
+from simulator.deploy.hardware import load_gpu
+from simulator.deploy.model import LLAMA_3_1_8B
+from simulator.run.sizing import kv_cache_blocks
 
 CHAPTER_STEP_MS = {1: 7.0, 8: 7.8, 64: 14.1, 128: 21.7}
 CONTEXT = 2300

@@ -12,8 +12,8 @@ import polars as pl
 import pytest
 from helpers import AZURE, needs_azure
 
-from simulator.cli import run
-from simulator.outputs import read_metadata
+from simulator.cli.main import run
+from simulator.outputs.run_folder import read_metadata
 
 REQUESTS_SCHEMA = {
     "request_id": pl.Int64, "arrival": pl.Float64, "prompt_tokens": pl.Int64, "output_tokens": pl.Int64,
@@ -146,7 +146,7 @@ def test_existing_output_folder_is_not_overwritten(tmp_path: Path, capsys: pytes
 
 
 def test_console_script_exits_nonzero_without_traceback(tmp_path: Path) -> None:
-    done = subprocess.run([sys.executable, "-c", "from simulator.cli import run; run()", "--rate", "-1"],
+    done = subprocess.run([sys.executable, "-c", "from simulator.cli.main import run; run()", "--rate", "-1"],
                           capture_output=True, text=True, cwd=tmp_path)
     assert done.returncode == 2
     assert done.stderr.strip() == "error: --rate must be > 0 requests/s (or inf), got -1.0"
@@ -158,8 +158,8 @@ def test_a_run_folder_holds_the_oracles_tables(tmp_path: Path, capsys: pytest.Ca
     from oracle import run_oracle
 
     from simulator.config import RunConfig
-    from simulator.metrics import build_tables
-    from simulator.simulate import simulate
+    from simulator.metrics.summary import build_tables
+    from simulator.run.simulate import simulate
 
     code, _, _ = simulate_cli(["--policy", "chunked", "--rate", "14", "--num-requests", "300",
                                "--out", str(tmp_path / "run")], capsys)

@@ -11,9 +11,9 @@ import polars as pl
 import pytest
 from helpers import UnitCost
 
-from simulator.cli import run
+from simulator.cli.main import run
 from simulator.config import RunConfig
-from simulator.replay import ClientRun, client_delays, replay_workload
+from simulator.sim2real.replay import ClientRun, client_delays, replay_workload
 from workloads import Workload
 
 SILICON = Path(__file__).resolve().parents[2] / "shared" / "reference" / "serving" / "aiconfigurator_silicon_vllm.csv"

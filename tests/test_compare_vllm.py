@@ -11,7 +11,7 @@ from typing import Any
 import polars as pl
 import pytest
 
-from simulator.cli import run
+from simulator.cli.main import run
 
 STATISTICS = {f"{stat}_{metric}_ms": value for metric, base in (("ttft", 60.0), ("tpot", 9.0), ("itl", 9.0))
               for stat, value in (("mean", base), ("median", base * 0.9), ("std", base * 0.2), ("p99", base * 2))}

@@ -26,9 +26,9 @@ from simulator.cost import (
     build_tables,
     measured_cost,
 )
+from simulator.deploy.hardware import load_gpu, load_profile
+from simulator.deploy.model import LLAMA_3_1_8B
 from simulator.errors import InputError
-from simulator.hardware import load_gpu, load_profile
-from simulator.model import LLAMA_3_1_8B
 
 LLAMA_HEADS = (pl.col("num_heads") == 32) & (pl.col("num_kv_heads") == 8)
 

@@ -25,11 +25,12 @@ from test_cli import simulate_cli
 
 from simulator.config import RunConfig
 from simulator.cost import MeasuredCost, MoeTable, RooflineCost, StepShape, build_cost_model, measured_cost
+from simulator.deploy.hardware import load_gpu, load_profile
+from simulator.deploy.model import LLAMA_3_1_8B, LLAMA_3_1_70B, QWEN3_30B_A3B
 from simulator.errors import InputError
-from simulator.hardware import load_gpu, load_profile
-from simulator.metrics import build_tables, summarize
-from simulator.model import LLAMA_3_1_8B, LLAMA_3_1_70B, QWEN3_30B_A3B
-from simulator.simulate import kv_cache_blocks, simulate
+from simulator.metrics.summary import build_tables, summarize
+from simulator.run.simulate import simulate
+from simulator.run.sizing import kv_cache_blocks
 
 REFERENCE = Path(__file__).resolve().parents[2] / "shared" / "reference"
 BLOG = REFERENCE / "serving" / "vllm_blog_fp8_kv_h100.csv"

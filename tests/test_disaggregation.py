@@ -8,10 +8,10 @@ import polars as pl
 import pytest
 
 from simulator.config import RunConfig
-from simulator.hardware import load_gpu
-from simulator.metrics import build_tables, summarize
-from simulator.simulate import build_workload, simulate
-from simulator.transfer import kv_link
+from simulator.deploy.hardware import load_gpu
+from simulator.fleet.transfer import kv_link
+from simulator.metrics.summary import build_tables, summarize
+from simulator.run.simulate import build_workload, simulate
 from workloads import Workload
 
 LLAMA_KV_BYTES = 32 * 8 * 128 * 2 * 2

@@ -24,15 +24,15 @@ from hypothesis import strategies as st
 from oracle import run_oracle
 from test_properties import SETTINGS, cases
 
-from simulator import stretch
 from simulator.config import RunConfig
 from simulator.cost import RooflineCost, StepShape
+from simulator.deploy.hardware import load_gpu
+from simulator.deploy.model import load_model
+from simulator.engine import stretch
 from simulator.errors import InputError
-from simulator.hardware import load_gpu
-from simulator.metrics import build_tables, describe, summarize
-from simulator.model import load_model
-from simulator.simulate import simulate
-from simulator.tokens import describe_histogram
+from simulator.metrics.summary import build_tables, describe, summarize
+from simulator.metrics.tokens import describe_histogram
+from simulator.run.simulate import simulate
 from workloads import Workload
 
 # Raise for a deeper search: SERVESIM_ENGINE_EXAMPLES=2000 python -m pytest tests/test_engines.py

@@ -13,9 +13,9 @@ import pytest
 from test_compare import ROW, SILICON, needs_silicon, outcome, write_csv
 
 from calibration.fit_host import write_profile
-from simulator.compare import compare_points
-from simulator.hardware import load_gpu, profile_dir
-from simulator.measured_points import read_points
+from simulator.deploy.hardware import load_gpu, profile_dir
+from simulator.sim2real.compare import compare_points
+from simulator.sim2real.measured import read_points
 
 TRUTH = {"step_overhead": 1.5e-3, "per_sequence_overhead": 40e-6, "per_token_overhead": 0.0, "client_time": 0.0}
 

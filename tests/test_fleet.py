@@ -17,14 +17,14 @@ from oracle import run_oracle_fleet
 from test_properties import SETTINGS, cases
 
 from simulator.config import RunConfig
+from simulator.deploy.hardware import load_gpu
+from simulator.deploy.model import load_model
 from simulator.errors import InputError
-from simulator.fleet import FleetEngine, run_fleet
-from simulator.hardware import load_gpu
-from simulator.metrics import build_tables, summarize
-from simulator.model import load_model
-from simulator.pools import simulate_fleet
-from simulator.routers import ROUTERS
-from simulator.simulate import build_workload, simulate
+from simulator.fleet.engine import FleetEngine, run_fleet
+from simulator.fleet.routers import ROUTERS
+from simulator.metrics.summary import build_tables, summarize
+from simulator.run.pools import simulate_fleet
+from simulator.run.simulate import build_workload, simulate
 from workloads import Workload
 
 POLICIES = ["static", "continuous", "chunked", "priority"]

@@ -15,8 +15,8 @@ from test_properties import SETTINGS, cases
 
 from simulator.config import RunConfig
 from simulator.errors import InputError
-from simulator.metrics import build_tables, summarize
-from simulator.simulate import simulate
+from simulator.metrics.summary import build_tables, summarize
+from simulator.run.simulate import simulate
 from workloads import Workload
 from workloads.prefixes import SHARED_PREFIX, UNIQUE
 

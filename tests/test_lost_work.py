@@ -25,7 +25,7 @@ SLOW = ["--num-requests", "100000"]
 
 def start(args: list[str]) -> subprocess.Popen[bytes]:
     """`simulate ARGS` in its own process group, as a shell runs a command."""
-    command = [sys.executable, "-c", "from simulator.cli import run; run()", *args]
+    command = [sys.executable, "-c", "from simulator.cli.main import run; run()", *args]
     return subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
 
 

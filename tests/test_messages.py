@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from helpers import AZURE, MOONCAKE, needs_azure, needs_mooncake
 
-from simulator.cli import run
+from simulator.cli.main import run
 
 SHIPPED = Path(__file__).resolve().parents[1] / "calibration" / "profiles" / "h100_sxm"
 

@@ -14,9 +14,9 @@ from test_properties import SETTINGS, cases
 
 from simulator.config import RunConfig
 from simulator.errors import InputError
-from simulator.metrics import build_tables, describe, summarize
-from simulator.simulate import simulate
-from simulator.tokens import itl_histogram, tokens_table
+from simulator.metrics.summary import build_tables, describe, summarize
+from simulator.metrics.tokens import itl_histogram, tokens_table
+from simulator.run.simulate import simulate
 from workloads import Workload
 
 

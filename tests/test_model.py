@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from simulator.cli import run
+from simulator.cli.main import run
+from simulator.deploy.model import LLAMA_3_1_8B, from_hf_config, load_model
 from simulator.errors import InputError
-from simulator.model import LLAMA_3_1_8B, from_hf_config, load_model
 
 # Llama-3.1-8B's config.json as published by Meta on Hugging Face (the fields servesim reads).
 LLAMA_CONFIG = {
@@ -104,7 +104,7 @@ def test_deployed_dtypes_and_memory() -> None:
 
 
 def test_shards_as_vllm_splits_them() -> None:
-    from simulator.model import LLAMA_3_1_70B, QWEN3_30B_A3B
+    from simulator.deploy.model import LLAMA_3_1_70B, QWEN3_30B_A3B
 
     tp4 = LLAMA_3_1_70B.shard(4)
     assert (tp4.num_heads, tp4.num_kv_heads, tp4.intermediate_size, tp4.vocab_size) == (16, 2, 7168, 32064)

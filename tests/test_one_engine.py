@@ -15,11 +15,11 @@ import pytest
 from helpers import UnitCost
 
 import policies
-from simulator.clock import Clock
 from simulator.config import RunConfig
-from simulator.metrics import build_tables
-from simulator.simulate import simulate
-from simulator.tokens import TokensTable, token_chunks, tokens_table
+from simulator.engine.clock import Clock
+from simulator.metrics.summary import build_tables
+from simulator.metrics.tokens import TokensTable, token_chunks, tokens_table
+from simulator.run.simulate import simulate
 from workloads import Workload
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -79,7 +79,7 @@ def test_a_default_run_is_driven_by_simpy(monkeypatch: pytest.MonkeyPatch) -> No
                                       dict(policy="priority", priority_levels=3),
                                       dict(policy="chunked", time_limit=60.0)])
 def test_a_run_makes_no_cyclic_garbage_per_request(settings: dict[str, object]) -> None:
-    """The clock pauses the cycle collector while it runs (simulator.clock): that is safe only while
+    """The clock pauses the cycle collector while it runs (simulator.engine.clock): that is safe only while
     a run's garbage is freed by reference counting, so the cycles a run leaves must not grow with it."""
     left = []
     for n in (1200, 4800):  # with the time limit, both are cut short with requests unfinished

@@ -10,7 +10,7 @@ import pytest
 from helpers import run, token_times
 
 from simulator.errors import InputError
-from simulator.metrics import build_tables
+from simulator.metrics.summary import build_tables
 
 
 def test_static_holds_finished_rows_and_admits_nobody_mid_batch() -> None:

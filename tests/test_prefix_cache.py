@@ -1,4 +1,4 @@
-"""Prefix caching (simulator.kv): hand-computed hit rates and TTFTs, LRU's worst case, and the
+"""Prefix caching (simulator.engine.kv): hand-computed hit rates and TTFTs, LRU's worst case, and the
 engine against the oracle with the cache on."""
 
 from __future__ import annotations
@@ -18,17 +18,17 @@ from test_cli import simulate_cli
 from test_engines import ENGINE_EXAMPLES, assert_identical
 from test_properties import SETTINGS, cases
 
-from simulator import simulate as simulate_module
-from simulator import stretch
 from simulator.config import RunConfig
 from simulator.cost import StepShape, build_cost_model
+from simulator.deploy.hardware import load_gpu
+from simulator.deploy.model import load_model
+from simulator.engine import stretch
+from simulator.engine.kv import KVBlocks, block_keys
+from simulator.engine.request import Request
 from simulator.errors import InputError
-from simulator.hardware import load_gpu
-from simulator.kv import KVBlocks, block_keys
-from simulator.metrics import build_tables, summarize
-from simulator.model import load_model
-from simulator.request import Request
-from simulator.simulate import simulate
+from simulator.metrics.summary import build_tables, summarize
+from simulator.run import simulate as simulate_module
+from simulator.run.simulate import simulate
 from workloads import Workload
 from workloads.prefixes import SHARED_PREFIX, UNIQUE
 from workloads.sessions import conversations
@@ -299,7 +299,7 @@ def test_caching_off_is_the_run_without_identity(policy: str) -> None:
 @settings(SETTINGS, max_examples=ENGINE_EXAMPLES)
 @given(data=st.data(), turns=st.integers(1, 2))
 def test_bulk_cache_is_the_block_by_block_one(policy: str, data: st.DataObject, turns: int) -> None:
-    """simulator.kv's KVBlocks (runs of blocks at once) against tests/kv_reference.py (one block at
+    """simulator.engine.kv's KVBlocks (runs of blocks at once) against tests/kv_reference.py (one block at
     a time, the rules as the module docstring says them): the same run, table for table."""
     case = data.draw(cases(policy))
     workload = replace(case.workload, content=data.draw(shared_prefixes(case.workload.prompt_tokens.tolist())))
@@ -330,8 +330,8 @@ def test_report_draws_the_hit_rate_over_time(tmp_path: Path, capsys: pytest.Capt
     """The run page has a hit-rate panel for a run that queried the cache: the line ends at the
     summary's hit rate, the windows' bars hold each span's own hits over queries; a run with the
     cache off has neither the panel nor the summary row."""
-    from simulator.report import read_run_folder, write_report
-    from simulator.run_figures import HIT_RATE_WINDOWS, prefix_cache_figure
+    from simulator.report.page import read_run_folder, write_report
+    from simulator.report.run_figures import HIT_RATE_WINDOWS, prefix_cache_figure
 
     pages = {}
     for flag in ("--enable-prefix-caching", "--no-enable-prefix-caching"):

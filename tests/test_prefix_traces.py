@@ -15,8 +15,8 @@ from test_cli import simulate_cli
 
 from simulator.config import RunConfig
 from simulator.errors import InputError
-from simulator.metrics import build_tables, summarize
-from simulator.simulate import simulate
+from simulator.metrics.summary import build_tables, summarize
+from simulator.run.simulate import simulate
 from workloads import read_trace
 from workloads.prefixes import output_segment
 

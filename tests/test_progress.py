@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import simulator.progress
-from simulator.cli import run
+from simulator.cli.main import run
 from simulator.progress import RunProgress, progress_enabled, working
 
 SMALL = ["--num-requests", "30", "--input-len", "200", "--output-len", "10"]

@@ -30,11 +30,14 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from simulator.config import RunConfig
+from simulator.deploy.hardware import load_gpu
+from simulator.deploy.model import load_model
 from simulator.errors import InputError
-from simulator.hardware import load_gpu
-from simulator.metrics import Tables, build_tables, summarize
-from simulator.model import load_model
-from simulator.simulate import RunResult, simulate, step_activation_bytes
+from simulator.metrics.summary import build_tables, summarize
+from simulator.metrics.tables import Tables
+from simulator.run.result import RunResult
+from simulator.run.simulate import simulate
+from simulator.run.sizing import step_activation_bytes
 from workloads import Workload
 
 POLICIES = ("static", "continuous", "chunked")

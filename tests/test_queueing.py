@@ -22,10 +22,10 @@ import pytest
 
 from simulator.config import RunConfig
 from simulator.cost import StepShape, build_cost_model
-from simulator.hardware import load_gpu
-from simulator.metrics import build_tables, summarize
-from simulator.model import load_model
-from simulator.simulate import simulate
+from simulator.deploy.hardware import load_gpu
+from simulator.deploy.model import load_model
+from simulator.metrics.summary import build_tables, summarize
+from simulator.run.simulate import simulate
 
 PROMPT = 2000
 

@@ -15,10 +15,10 @@ import polars as pl
 import pytest
 from test_cli import simulate_cli
 
-from simulator.figures import knee, sweep_figures
-from simulator.outputs import read_metadata
-from simulator.report import read_run_folder
-from simulator.run_figures import run_figures
+from simulator.outputs.run_folder import read_metadata
+from simulator.report.figures import knee, sweep_figures
+from simulator.report.page import read_run_folder
+from simulator.report.run_figures import run_figures
 
 CHROMIUM = shutil.which("chromium")
 needs_chromium = pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is not installed (.ci/run installs "
@@ -105,7 +105,7 @@ def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """150 requests on a KV cache of 1,500 blocks: preemptions, stalls, and an overloaded server."""
     out = tmp_path_factory.mktemp("report") / "run"
     codes: list[int] = []
-    from simulator.cli import run
+    from simulator.cli.main import run
     run(["--policy", "continuous", "--rate", "14", "--num-requests", "150", "--input-len-dist", "uniform:0.5",
          "--num-gpu-blocks-override", "1500", "--out", str(out)], exit=codes.append)
     assert codes == [0]
@@ -209,7 +209,7 @@ def test_server_panels_keep_prefill_and_decode_steps_apart(run_dir: Path) -> Non
 
 
 def test_run_page_opens_with_the_verdict_and_the_summary(run_dir: Path, tmp_path: Path) -> None:
-    from simulator.report import write_report
+    from simulator.report.page import write_report
 
     page = write_report(run_dir, tmp_path / "run.html").read_text()
     summary = json.loads((run_dir / "summary.json").read_text())["summary"]
@@ -245,7 +245,7 @@ def test_run_page_opens_with_the_verdict_and_the_summary(run_dir: Path, tmp_path
      "The server kept up (closed loop)."),
 ])
 def test_verdict_says_what_the_run_shows(summary: dict[str, Any], kind: str, start: str) -> None:
-    from simulator.report import verdict
+    from simulator.report.page import verdict
 
     said = verdict(summary, {"time_limit": 0.5})
     assert said[0] == kind and said[1].startswith(start)
@@ -303,7 +303,7 @@ def test_batch_table_plot_marks_knee_and_ceiling(tmp_path: Path, capsys: pytest.
 @needs_chromium
 def test_reports_render_in_chromium_and_every_panel_draws_its_data(run_dir: Path, sweep_file: Path, tmp_path: Path,
                                                                    capsys: pytest.CaptureFixture[str]) -> None:
-    from simulator.report import write_report
+    from simulator.report.page import write_report
 
     run_page = write_report(run_dir, tmp_path / "run.html")
     sweep_page = write_report(sweep_file, tmp_path / "sweep.html")

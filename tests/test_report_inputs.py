@@ -19,7 +19,7 @@ from test_report import CHROMIUM
 def small_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("inputs") / "run"
     codes: list[int] = []
-    from simulator.cli import run
+    from simulator.cli.main import run
     run(["--rate", "8", "--num-requests", "30", "--out", str(out)], exit=codes.append)
     assert codes == [0]
     return out
@@ -133,15 +133,15 @@ def test_strings_from_the_run_folder_are_escaped(small_run: Path, tmp_path: Path
 
 
 def test_reports_do_not_reach_up_into_the_command_line(small_run: Path, tmp_path: Path) -> None:
-    """Imports point down: drawing a run's or a sweep's page loads nothing of simulator.cli."""
+    """Imports point down: drawing a run's or a sweep's page loads nothing of simulator.cli.main."""
     sweep = tmp_path / "sweep.parquet"
     pl.DataFrame({"config_id": ["a"], "policy": ["static"], "rate": [1.0], "seed": [0], "error": [None],
                   "request_throughput": [1.0], "median_ttft": [0.1], "p99_ttft": [0.2], "median_itl": [0.01],
                   "p99_itl": [0.02], "kept_up": [True]}).write_parquet(sweep)
-    script = ("import sys; from pathlib import Path; from simulator.report import write_report; "
+    script = ("import sys; from pathlib import Path; from simulator.report.page import write_report; "
               f"write_report(Path({str(small_run)!r}), Path({str(tmp_path / 'r.html')!r})); "
               f"write_report(Path({str(sweep)!r})); "
-              "print(sorted(m for m in sys.modules if m.startswith('simulator.cli')))")
+              "print(sorted(m for m in sys.modules if m.startswith('simulator.cli.main')))")
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True,
                           cwd=Path(__file__).parent.parent)
     assert done.stdout.strip() == "[]"

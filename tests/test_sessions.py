@@ -1,4 +1,4 @@
-"""Multi-turn sessions (workloads.sessions, simulator.sessions): prompts that grow by the
+"""Multi-turn sessions (workloads.sessions, simulator.run.sessions): prompts that grow by the
 conversation, turns sent a think time after the last answer, cached tokens equal to the context
 before, and the engine against the oracle."""
 
@@ -15,7 +15,7 @@ from test_properties import SETTINGS, cases
 
 from simulator.config import RunConfig
 from simulator.errors import InputError
-from simulator.simulate import build_workload, simulate
+from simulator.run.simulate import build_workload, simulate
 from workloads.sessions import conversations
 
 CONFIG = RunConfig(policy="chunked", concurrency=1, num_requests=20, num_turns=5, think_time=3.0, input_len=200,

@@ -12,10 +12,10 @@ import pytest
 
 from simulator.config import RunConfig
 from simulator.cost import StepShape, build_cost_model
-from simulator.hardware import load_gpu
-from simulator.metrics import build_tables, summarize
-from simulator.model import LLAMA_3_1_8B
-from simulator.simulate import simulate
+from simulator.deploy.hardware import load_gpu
+from simulator.deploy.model import LLAMA_3_1_8B
+from simulator.metrics.summary import build_tables, summarize
+from simulator.run.simulate import simulate
 
 
 def summary(policy: str, **settings: object) -> dict[str, object]:

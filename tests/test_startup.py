@@ -13,19 +13,20 @@ import pytest
 from click_default_group import DefaultGroup
 
 from benchmarks.startup import CASES, time_once
-from simulator.cli import VERBS, main
+from simulator.cli.main import VERBS, main
 
 ROOT = Path(__file__).resolve().parents[1]
 
 # What a run never needs: the plotting stack, PyTorch, Ray, calibration and the other verbs.
 NOT_FOR_A_RUN = ("plotly", "torch", "ray", "calibration", "calibration.measure", "calibration.validate",
-                 "simulator.report", "simulator.figures", "simulator.run_figures", "simulator.sweep",
-                 "simulator.sweep_command", "simulator.executors", "simulator.batch_table_command")
+                 "simulator.report", "simulator.report.page", "simulator.report.figures",
+                 "simulator.report.run_figures", "simulator.sweep", "simulator.sweep.grid",
+                 "simulator.cli.sweep_command", "simulator.sweep.executors", "simulator.cli.batch_table_command")
 
 
 def modules_after(args: list[str], cwd: Path) -> tuple[int, set[str]]:
     """The exit status of `simulate ARGS` in a fresh interpreter, and every module it had imported by the end."""
-    script = ("import json, sys; from simulator.cli import run; codes = []; run(sys.argv[1:], exit=codes.append); "
+    script = ("import json, sys; from simulator.cli.main import run; codes = []; run(sys.argv[1:], exit=codes.append); "
               "print(json.dumps([codes[0], sorted(sys.modules)]))")
     done = subprocess.run([sys.executable, "-c", script, *args], capture_output=True, text=True, cwd=cwd, check=True,
                           env=os.environ | {"PYTHONPATH": str(ROOT)})
@@ -38,7 +39,7 @@ def test_a_run_imports_no_plotting_calibration_ray_or_other_verb(verb: list[str]
     out = tmp_path / "run"
     code, modules = modules_after([*verb, "--num-requests", "5", "--rate", "4", "--out", str(out)], tmp_path)
     assert code == 0 and (out / "summary.json").is_file()
-    assert "simulator.simulate" in modules and "simulator.run_command" in modules  # it did run
+    assert "simulator.run.simulate" in modules and "simulator.cli.run_command" in modules  # it did run
     loaded = sorted(name for name in modules if name.split(".")[0] in ("plotly", "torch", "ray")
                     or name in NOT_FOR_A_RUN)
     assert loaded == []
@@ -73,6 +74,6 @@ def test_every_verb_is_found_where_the_registry_says() -> None:
 
 def test_the_benchmarks_import_phase_imports_the_run_verb_and_stops_before_simulating(tmp_path: Path) -> None:
     code, modules = modules_after(CASES["import phase of run"][2:], tmp_path)
-    assert code == 2 and {"simulator.run_command", "simulator.simulate", "simulator.metrics"} <= modules
+    assert code == 2 and {"simulator.cli.run_command", "simulator.run.simulate", "simulator.metrics.summary"} <= modules
     for case in CASES:  # each process ends as the benchmark expects, or time_once raises
         assert time_once(ROOT, case) > 0

@@ -16,7 +16,7 @@ import polars as pl
 import pytest
 from test_cli import simulate_cli
 
-from simulator.outputs import json_safe
+from simulator.outputs.run_folder import json_safe
 
 SMALL = ["--num-requests", "60", "--input-len", "500", "--output-len", "40"]
 
@@ -149,7 +149,7 @@ def test_killed_sweep_leaves_a_valid_file_and_resumes(tmp_path: Path) -> None:
     """The issue's sweep (3 policies x 8 rates x 2 seeds, 2,000 requests each), SIGKILLed half-way."""
     out, tables = tmp_path / "sweep.parquet", tmp_path / "tables"
     parts = tmp_path / "sweep.parquet.parts"
-    command = [sys.executable, "-c", "from simulator.cli import run; run()", "sweep",
+    command = [sys.executable, "-c", "from simulator.cli.main import run; run()", "sweep",
                "--policy", "static,continuous,chunked", "--rate", "2,4,6,8,10,12,14,16", "--seed", "0,1",
                "--num-requests", "2000", "--jobs", "2", "--tables", str(tables), "--out", str(out)]
     sweep = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)

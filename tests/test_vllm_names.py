@@ -11,10 +11,10 @@ import polars as pl
 import pytest
 
 from policies import POLICIES
-from simulator.cli import main, run
-from simulator.hardware import available_gpus
-from simulator.model import BUILTIN_MODELS
-from simulator.run_command import run_command
+from simulator.cli.main import main, run
+from simulator.cli.run_command import run_command
+from simulator.deploy.hardware import available_gpus
+from simulator.deploy.model import BUILTIN_MODELS
 
 BASE = {"--num-requests": "30", "--input-len": "500", "--output-len": "40", "--seed": "3", "--rate": "8"}
 

@@ -1,6 +1,6 @@
 """Prefix identity of prompts: each prompt as segments (segment id, tokens), for the prefix cache.
 
-Tokens of equal segments at equal offsets are equal tokens (`simulator.kv` hashes blocks of them).
+Tokens of equal segments at equal offsets are equal tokens (`simulator.engine.kv` hashes blocks of them).
 Segment ids are integers in separate ranges per kind, so a shared prefix never equals a question:
 shared prefixes (`--prefix-len`), unique prompt tokens, a trace's 512-token blocks (Mooncake
 `hash_ids`) and output tokens (each request's answer, which a conversation's next turn repeats).

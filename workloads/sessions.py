@@ -4,7 +4,7 @@ so far (every earlier question and answer) and then a new question.
 The workload's requests are session-major (request i is turn i mod turns of session i // turns) and
 their lengths are known up front: turn k's prompt is the sum of questions and answers before it plus
 its own question. Only the arrivals of later turns are decided while the run goes (the engine sends
-turn k + 1 `think_time` seconds after turn k's last token, `simulator.sessions`); `arrival` holds,
+turn k + 1 `think_time` seconds after turn k's last token, `simulator.run.sessions`); `arrival` holds,
 for every turn of an open-loop session, the session's start.
 """
 

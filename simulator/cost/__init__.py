@@ -19,8 +19,8 @@ from simulator.cost.moe import MoeTable
 from simulator.cost.operators import elementwise_ops
 from simulator.cost.parallel import AllReduce
 from simulator.cost.roofline import RooflineCost
-from simulator.hardware import GpuSpec, load_profile, profile_dir
-from simulator.model import ModelSpec
+from simulator.deploy.hardware import GpuSpec, load_profile, profile_dir
+from simulator.deploy.model import ModelSpec
 
 if TYPE_CHECKING:
     from simulator.config import RunConfig

@@ -13,9 +13,9 @@ import numpy as np
 import polars as pl
 
 from simulator.cost.curves import Curve
+from simulator.deploy.hardware import GpuSpec
+from simulator.deploy.model import ModelSpec
 from simulator.errors import InputError
-from simulator.hardware import GpuSpec
-from simulator.model import ModelSpec
 
 
 class GemmTable:

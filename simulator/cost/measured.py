@@ -23,9 +23,9 @@ from simulator.cost.moe import MoeTable
 from simulator.cost.operators import ALL_REDUCES_PER_LAYER, all_reduce_bytes, elementwise_ops, gemm_weight_bytes
 from simulator.cost.parallel import AllReduce
 from simulator.cost.roofline import host_overhead
+from simulator.deploy.hardware import GpuSpec, Profile, load_profile
+from simulator.deploy.model import ModelSpec
 from simulator.errors import InputError
-from simulator.hardware import GpuSpec, Profile, load_profile
-from simulator.model import ModelSpec
 
 LOG = logging.getLogger("servesim.cost")
 

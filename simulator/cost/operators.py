@@ -12,7 +12,7 @@ published numbers were checked with: folding them in moves its chapter table by 
 
 from __future__ import annotations
 
-from simulator.model import ModelSpec
+from simulator.deploy.model import ModelSpec
 
 ALL_REDUCES_PER_LAYER = 2
 # Elementwise kernels per layer the roofline counts: two fused residual-add RMSNorms, rotary

@@ -11,8 +11,8 @@ from collections import Counter
 import polars as pl
 
 from simulator.cost.curves import Curve
+from simulator.deploy.hardware import GpuSpec
 from simulator.errors import InputError
-from simulator.hardware import GpuSpec
 
 
 class AllReduce:

@@ -16,9 +16,9 @@ from simulator.cost.operators import (
     moe_bytes_and_flops,
 )
 from simulator.cost.parallel import AllReduce
+from simulator.deploy.hardware import GpuSpec
+from simulator.deploy.model import ModelSpec
 from simulator.errors import InputError
-from simulator.hardware import GpuSpec
-from simulator.model import ModelSpec
 
 
 def host_overhead(gpu: GpuSpec, step_overhead: float, num_seqs: int, tokens: int) -> float:

@@ -1,0 +1,134 @@
+"""The `simulate` command line: one run by default, the chapter's batch table, sweeps, reports and calibration.
+
+Each verb lives in its own module and is imported only when it runs or shows its help, so a run
+loads no plotting, calibration or sweep code, and `simulate --help` loads none of them.
+Bad input ends with one line naming the bad value and exit status 2, never a traceback.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import importlib.util
+import re
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import click
+from click_default_group import DefaultCommandFormatter, DefaultGroup
+
+from simulator.errors import InputError
+
+VERBS = {
+    "run": "simulator.cli.run_command:run_command",
+    "batch-table": "simulator.cli.batch_table_command:batch_table_command",
+    "sweep": "simulator.cli.sweep_command:sweep_command",
+    "calibrate": "calibration.measure:calibrate_command",
+    "validate": "calibration.validate:validate_command",
+    "report": "simulator.report.page:report_command",
+    "compare": "simulator.cli.compare_command:compare_command",
+    "fit": "calibration.fit_host:fit_command",
+}
+"""Each verb's command, as "module:attribute"."""
+
+
+def docstring(target: str) -> str:
+    """The docstring of the function at "module:function", read from its source without importing the module."""
+    module, function = target.split(":")
+    spec = importlib.util.find_spec(module)
+    assert spec is not None and spec.origin is not None, module
+    for node in ast.parse(Path(spec.origin).read_text()).body:
+        if isinstance(node, ast.FunctionDef) and node.name == function:
+            return ast.get_docstring(node) or ""
+    raise LookupError(f"no function {function} in {spec.origin}")
+
+
+class LazyGroup(DefaultGroup):
+    """A default group whose commands are imported on first use; its help lists them from their docstrings."""
+
+    def __init__(self, *args: Any, verbs: dict[str, str], **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.verbs = verbs
+
+    def load(self, name: str) -> click.Command:
+        if name not in self.commands:
+            module, attribute = self.verbs[name].split(":")
+            self.add_command(getattr(importlib.import_module(module), attribute), name)
+        return self.commands[name]
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(self.verbs)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        # A word that names no verb is the default verb's first argument (DefaultGroup's rule).
+        self.load(cmd_name if cmd_name in self.verbs else self.default_cmd_name)
+        return super().get_command(ctx, cmd_name)
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        """As click's, with each short help from the verb's docstring rather than from its imported command."""
+        names = self.list_commands(ctx)
+        limit = formatter.width - 6 - max(len(name) for name in names)
+        rows = [(name, click.Command(name, help=docstring(self.verbs[name])).get_short_help_str(limit))
+                for name in names]
+        with formatter.section("Commands"):
+            DefaultCommandFormatter(self, formatter, mark="*").write_dl(rows)
+
+
+@click.group(cls=LazyGroup, verbs=VERBS, default="run", default_if_no_args=True)
+def main() -> None:
+    """servesim: a discrete-event simulator of LLM inference serving.
+
+    `run` (starred below) is the default command: `simulate --rate 12` is `simulate run --rate 12`,
+    and `simulate` alone runs the default configuration. `simulate COMMAND --help` lists a
+    command's options with their defaults.
+    """
+
+
+def join_goodput_values(argv: list[str]) -> list[str]:
+    """Let `--goodput ttft:500 tpot:50` take several words, as `vllm bench serve` does."""
+    joined: list[str] = []
+    i = 0
+    while i < len(argv):
+        joined.append(argv[i])
+        i += 1
+        if joined[-1] == "--goodput":
+            end = i
+            while end < len(argv) and not argv[end].startswith("-"):
+                end += 1
+            if end > i:
+                joined.append(" ".join(argv[i:end]))
+                i = end
+    return joined
+
+
+def as_typed(message: str, args: list[str]) -> str:
+    """Name each flag in `message` as the user typed it: --num-prompts where they wrote that, not --num-requests."""
+    for command in main.commands.values():  # the verbs loaded, the one that raised among them
+        for option in command.params:
+            canonical, *aliases = option.opts
+            for alias in aliases:
+                if any(arg == alias or arg.startswith(f"{alias}=") for arg in args):
+                    message = re.sub(rf"{re.escape(canonical)}(?![\w-])", alias, message)
+    return message
+
+
+def run(argv: list[str] | None = None, exit: Callable[[int], Any] = sys.exit) -> None:
+    """Entry point: user errors become one line on stderr and a non-zero exit."""
+    args = join_goodput_values(sys.argv[1:] if argv is None else argv)
+    try:
+        main.main(args=args, prog_name="simulate", standalone_mode=False)
+    except InputError as exc:
+        click.echo(f"error: {as_typed(str(exc), args)}", err=True)
+        exit(2)
+    except click.exceptions.Exit as exc:
+        exit(exc.exit_code)
+    except click.Abort:
+        click.echo("aborted", err=True)
+        exit(1)
+    except click.ClickException as exc:
+        click.echo(f"error: {exc.format_message()}", err=True)
+        exit(exc.exit_code)
+    else:
+        exit(0)

@@ -1,0 +1,40 @@
+"""Command-line options shared by the verbs that price a deployment (run, batch-table, validate);
+their defaults and checks are `RunConfig`'s, never copied here."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+
+from simulator.config import DEFAULTS as FIELD_DEFAULTS
+from simulator.config import RunConfig, flag
+from simulator.deploy.model import KV_CACHE_DTYPES, QUANTIZATIONS
+
+F = TypeVar("F", bound=Callable[..., Any])
+DEFAULTS = RunConfig()
+RESULTS_DIR = Path("results")
+"""Where run and batch-table write when not told where."""
+
+
+def setting(name: str, *aliases: str, help: str, **kwargs: Any) -> Callable[[F], F]:
+    """The option of RunConfig field `name` (any vLLM names as aliases), its default taken from RunConfig."""
+    default = FIELD_DEFAULTS[name]
+    kwargs.setdefault("show_default", default is not None)
+    return click.option(flag(name), *aliases, name, default=default, help=help, **kwargs)
+
+
+def deployment_options(command: F) -> F:
+    """--tensor-parallel-size, --quantization and --kv-cache-dtype, as vLLM names them."""
+    for option in reversed((
+        click.option("--tensor-parallel-size", type=int, default=DEFAULTS.tensor_parallel_size, show_default=True,
+                     help="GPUs the model is split across (tensor parallelism); times and memory per GPU."),
+        click.option("--quantization", type=click.Choice(QUANTIZATIONS), default=DEFAULTS.quantization,
+                     help="fp8: the linear layers' weights in fp8 [default: the checkpoint's]."),
+        click.option("--kv-cache-dtype", type=click.Choice(KV_CACHE_DTYPES), default=DEFAULTS.kv_cache_dtype,
+                     show_default=True, help="KV cache element type (auto: the model's dtype)."),
+    )):
+        command = option(command)
+    return command

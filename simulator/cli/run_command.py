@@ -1,0 +1,244 @@
+"""`simulate run`: one configuration simulated, its summary printed and its tables written.
+
+Imported only when the verb runs or shows its help (simulator.cli.main loads verbs lazily).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+from pathlib import Path
+from typing import Any
+
+import click
+from click.core import ParameterSource
+
+from policies import POLICIES
+from simulator.cli.options import RESULTS_DIR, deployment_options, setting
+from simulator.config import DEFAULTS, GOODPUT_METRICS, RunConfig, flag, parse_goodput, parse_percentiles
+from simulator.cost import COST_MODELS
+from simulator.deploy.hardware import available_gpus
+from simulator.deploy.model import BUILTIN_MODELS
+from simulator.errors import InputError
+from simulator.fleet.routers import ROUTERS
+from simulator.metrics.fleet import format_servers
+from simulator.metrics.summary import LATENCIES, load_verdict
+from simulator.outputs.vllm_result import result_path, vllm_result, write_result
+from simulator.run.simulate import DEFAULT_NUM_REQUESTS
+from workloads.lengths import SPECS as LENGTH_SPECS
+
+
+def ms(seconds: float | None) -> str:
+    return "-" if seconds is None or (isinstance(seconds, float) and math.isnan(seconds)) else f"{seconds * 1e3:.2f}"
+
+
+def per_s(value: float, digits: int) -> str:
+    """A throughput; "-" when no request finished (no duration to divide by)."""
+    return "-" if math.isnan(value) else f"{value:.{digits}f}"
+
+
+def format_summary(summary: dict[str, Any], config: RunConfig, metrics: tuple[str, ...] = LATENCIES) -> str:
+    lines = [
+        f"{'policy':<40}{config.policy}",
+        f"{'model / gpu':<40}{config.model} / {config.gpu}",
+        f"{'completed / arrived requests':<40}{summary['completed']} / {summary['arrived']}",
+        f"{'duration (s)':<40}{summary['duration']:.3f}",
+        f"{'total input / output tokens':<40}{summary['total_input_tokens']} / {summary['total_output_tokens']}",
+        f"{'request throughput (req/s)':<40}{per_s(summary['request_throughput'], 3)}",
+        f"{'output token throughput (tok/s)':<40}{per_s(summary['output_throughput'], 1)}",
+        f"{'total token throughput (tok/s)':<40}{per_s(summary['total_token_throughput'], 1)}",
+        f"{'preemptions':<40}{summary['preemptions']}",
+        *([f"{'prefix cache hit rate':<40}{summary['prefix_cache_hit_rate']:.2%}"]
+          if summary["prefix_cache_queried_tokens"] else []),
+        f"{'GPU busy (share of the run)':<40}{summary['utilisation']:.1%}",
+    ]
+    if "request_goodput" in summary:
+        lines.append(f"{'request goodput (req/s)':<40}{per_s(summary['request_goodput'], 3)}")
+    stats = ["mean", "median", "std"] + [f"p{q:g}" for q in config.percentiles]
+    lines.append("")
+    lines.append(f"{'latency (ms)':<14}" + "".join(f"{s:>11}" for s in stats))
+    for name in metrics:
+        label = name if name == "queue" else name.upper()
+        lines.append(f"{label:<14}" + "".join(f"{ms(summary[f'{s}_{name}']):>11}" for s in stats))
+    lines.append("")
+    if summary["cost_extrapolations"]:
+        lines.append(f"The {config.cost} cost model extrapolated beyond its measured range (operator, steps): "
+                     f"{summary['cost_extrapolated']}.")
+    if summary["unfinished"]:
+        lines.append(f"{summary['unfinished']} requests were still in flight at --time-limit "
+                     f"{config.time_limit} s and are reported unfinished.")
+    if summary["load"] in ("empty", "none finished"):
+        cut = f" (the clock stopped at --time-limit {config.time_limit} s)" if summary["unfinished"] else ""
+        lines.append(f"No request finished{cut}, so there is nothing to tell whether the server keeps up.")
+    else:
+        rates = [f"{summary[key]:.2f}" if summary[key] is not None else "-" for key in ("offered_rate", "queue_growth")]
+        said = load_verdict(summary["kept_up"], summary["load"], *rates)
+        if said is not None:
+            lines.append(said[1])
+    return "\n".join(lines)
+
+
+
+@click.command("run")
+@setting("policy", type=click.Choice(list(POLICIES)), help="Scheduling policy.")
+@setting("model", help=f"Built-in model ({', '.join(BUILTIN_MODELS)}) or a local Hugging Face config.json.")
+@setting("gpu", help=f"Shipped GPU profile ({', '.join(available_gpus())}) or a profile folder.")
+@setting("cost", type=click.Choice(COST_MODELS),
+         help="Step times from the roofline over the profile's fitted rates, or from its measured kernels.")
+@deployment_options
+@setting("rate", "--request-rate", type=float,
+         help="Open loop: requests/s, gamma-distributed gaps (see --burstiness) [default: inf: all at once].")
+@setting("burstiness", type=float, help="Gamma shape of the gaps: 1 = Poisson, < 1 burstier, > 1 smoother.")
+@setting("concurrency", "--max-concurrency", type=int,
+         help="Closed loop: this many clients, each sending its next request when the last finishes "
+              "[default: none, an open loop].")
+@setting("num_requests", "--num-prompts", type=int,
+         help=f"Requests to send [default: {DEFAULT_NUM_REQUESTS}, or all that arrive within --duration].")
+@setting("duration", type=float,
+         help="Open loop: send requests for this many seconds (with --rate) [default: none, --num-requests].")
+@setting("input_len", "--random-input-len", type=int, help="Prompt tokens (the mean, with --input-len-dist).")
+@setting("output_len", "--random-output-len", type=int, help="Output tokens (the mean, with --output-len-dist).")
+@setting("input_len_dist", help=f"Prompt lengths: {LENGTH_SPECS} (uniform's range ratio, lognormal's sigma).")
+@setting("output_len_dist", help="Output lengths, as --input-len-dist.")
+@click.option("--random-range-ratio", type=float, default=None,
+              help="As vllm bench serve: prompt and output lengths uniform in [len*(1-R), len*(1+R)] "
+                   "(--input-len-dist and --output-len-dist uniform:R) [default: none].")
+@setting("trace", help="Replay a trace (CSV, JSONL or Parquet; Azure and Mooncake as published) [default: none, a "
+              "synthetic workload].")
+@setting("trace_speed", type=float, help="Replay speed of --trace: 2 replays it twice as fast.")
+@setting("prefix_len", type=int, help="Each prompt starts with one of --num-prefixes shared prefixes of this many "
+         "tokens, then its --input-len own tokens (0: none).")
+@setting("num_prefixes", type=int, help="How many shared prefixes --prefix-len draws from, uniformly by seed.")
+@setting("num_turns", type=int, help="Multi-turn sessions of this many requests: each turn's prompt is the "
+         "conversation so far and a new --input-len question (--rate then counts sessions).")
+@setting("think_time", type=float, help="Seconds between a turn's answer and the session's next turn.")
+@setting("seed", type=int, help="Seed of arrivals and lengths; a seed always gives the same run.")
+@setting("priority_levels", type=int, help="priority: requests get priorities uniform over 0..N-1, lower first "
+                                           "(a trace's own `priority` column otherwise) [default: all 0].")
+@setting("max_num_seqs", type=int, help="Most sequences in one step (continuous, chunked) or KV logits (static).")
+@setting("max_num_batched_tokens", type=int, help="Token budget of one step (continuous, chunked).")
+@setting("long_prefill_token_threshold", type=int, help="chunked: most prompt tokens one step gives a request "
+                                                        "(0: no limit beyond the budget).")
+@setting("max_batch_size", type=int, help="static: requests in one batch.")
+@setting("max_queue_delay", type=float, help="static: seconds to wait for a batch to fill.")
+@click.option("--enable-chunked-prefill", is_flag=True, help="As vllm serve: the chunked policy (--policy chunked).")
+@setting("max_model_len", type=int, help="As vllm serve: refuse a request longer than this many tokens "
+                                         "(prompt + output) [default: the model's context length].")
+@setting("block_size", type=int, help="KV block size in tokens.")
+@click.option("--enable-prefix-caching/--no-enable-prefix-caching", "enable_prefix_caching",
+              default=DEFAULTS["enable_prefix_caching"], show_default=True,
+              help="As vllm serve: automatic prefix caching of full KV blocks (acts on workloads with prefix "
+                   "identity: --prefix-len, Mooncake hash_ids).")
+@setting("gpu_memory_utilization", type=float, help="Share of GPU memory for weights, activations and KV cache.")
+@setting("num_gpu_blocks_override", type=int, help="Exactly this many KV blocks [default: sized from memory].")
+@setting("num_replicas", type=int, help="Identical servers, each its own GPUs, KV cache and scheduler, behind "
+                                        "--router.")
+@setting("router", type=click.Choice(ROUTERS), help="Which server takes each arrival, from the servers' state "
+                                                   "then: in turn, at random, fewest requests, least KV in use, "
+                                                   "longest cached prefix.")
+@setting("prefill_replicas", type=int, help="Disaggregated serving: servers that only prefill (and emit the first "
+                                            "token), with --decode-replicas [default: none, colocated].")
+@setting("decode_replicas", type=int, help="Disaggregated serving: servers that decode what the prefill pool sent "
+                                           "[default: none].")
+@setting("prefill_tensor_parallel_size", type=int, help="GPUs of each prefill server "
+                                                        "[default: --tensor-parallel-size].")
+@setting("decode_tensor_parallel_size", type=int, help="GPUs of each decode server [default: --tensor-parallel-size].")
+@setting("kv_transfer_bandwidth", type=float, help="GB/s per GPU of the link the KV cache crosses from prefill to "
+                                                   "decode [default: the GPU profile's NVLink, 450 on the H100].")
+@setting("kv_transfer_latency", type=float, help="Seconds of fixed time per KV transfer [default: the GPU profile's "
+                                                 "interconnect latency, 1e-05].")
+@setting("time_limit", type=float, help="Stop the simulated clock at this many seconds; requests still in flight "
+                                        "are reported unfinished [default: run to the end].")
+@click.option("--percentiles", "--metric-percentiles", "percentiles", show_default=True,
+              default=",".join(f"{q:g}" for q in DEFAULTS["percentiles"]), help="Latency percentiles to report.")
+@click.option("--percentile-metrics", default=",".join(LATENCIES), show_default=True,
+              help="Latencies to print (and to save with --save-result).")
+@click.option("--goodput", multiple=True, help="SLOs in ms as vllm bench serve, e.g. 'ttft:500 tpot:50'; "
+                                               f"metrics {', '.join(GOODPUT_METRICS)} [default: none].")
+@click.option("--out", type=click.Path(path_type=Path), default=None,
+              help="Run folder [default: a new folder under results/].")
+@click.option("--tokens/--no-tokens", default=True, show_default=True,
+              help="Write tokens.parquet, one row per output token (large: 300M rows for 1M requests).")
+@click.option("--save-result", is_flag=True, help="Also write vllm bench serve's result JSON.")
+@click.option("--save-detailed", is_flag=True, help="With --save-result: per-request lengths, TTFTs and ITLs too.")
+@click.option("--result-dir", type=click.Path(path_type=Path), default=None,
+              help="Folder of the --save-result JSON [default: the current folder].")
+@click.option("--result-filename", default=None,
+              help="Name of the --save-result JSON [default: servesim-RATEqps-MODEL-DATE.json, as vLLM].")
+@click.option("--quiet", is_flag=True, help="No progress bar on stderr (there is none unless stderr is a terminal).")
+def run_command(percentiles: str, percentile_metrics: str, goodput: tuple[str, ...], out: Path | None, tokens: bool,
+                random_range_ratio: float | None, enable_chunked_prefill: bool, save_result: bool,
+                save_detailed: bool, result_dir: Path | None, result_filename: str | None, quiet: bool,
+                **settings: Any) -> None:
+    """Simulate one configuration and print its summary."""
+    from simulator.metrics.summary import build_tables, summarize
+    from simulator.metrics.tokens import TokensTable
+    from simulator.outputs.run_folder import check_out_dir, default_run_dir, write_run
+    from simulator.progress import progress_enabled, working
+    from simulator.run.simulate import simulate
+
+    given = typed_options()
+    settings |= vllm_settings(given, settings["policy"], random_range_ratio, enable_chunked_prefill)
+    config = RunConfig(percentiles=parse_percentiles(percentiles), goodput=parse_goodput(goodput), **settings)
+    unused = config.unused_settings()
+    if unused:
+        raise InputError(f"--policy {config.policy} does not use {', '.join(flag(name) for name in unused)}")
+    metrics = parse_percentile_metrics(percentile_metrics)
+    saved = given & {"save_detailed", "result_dir", "result_filename"}
+    if saved and not save_result:
+        raise InputError(f"{', '.join(flag(name) for name in sorted(saved))} applies only with --save-result")
+    now = dt.datetime.now()
+    result_file = result_path(config, result_dir, result_filename, now) if save_result else None
+    if out is not None:
+        check_out_dir(out)
+    progress = progress_enabled(quiet)
+    result = simulate(config, progress=progress)
+    with working("building tables", enabled=progress):
+        tables = build_tables(result, tokens=save_result)  # a run folder's tokens table is streamed below
+    summary = summarize(result, tables)
+    label = f"{config.policy}-rate{config.rate:g}" if config.rate is not None else config.policy
+    out = out or default_run_dir(RESULTS_DIR, label)
+    settings_dict = config.to_dict() | {"kv_blocks": result.kv_blocks}
+    written: dict[str, Any] = {"requests": tables.requests, "steps": tables.steps}
+    if tokens:
+        written["tokens"] = TokensTable(result.log)
+    write_run(out, written, summary, settings_dict, progress=progress)
+    click.echo(format_summary(summary, config, metrics))
+    if "servers" in summary:
+        click.echo(format_servers(summary["servers"]))
+    click.echo(f"wrote {out}/ ({', '.join(sorted(written))} .parquet; summary.json)")
+    if result_file is not None:
+        write_result(result_file, vllm_result(summary, config, tables, metrics, save_detailed, now))
+        click.echo(f"wrote {result_file}")
+
+
+def typed_options() -> set[str]:
+    """The run's parameters the user gave on the command line."""
+    context = click.get_current_context()
+    return {name for name in context.params if context.get_parameter_source(name) is ParameterSource.COMMANDLINE}
+
+
+def vllm_settings(given: set[str], policy: str, random_range_ratio: float | None,
+                  enable_chunked_prefill: bool) -> dict[str, Any]:
+    """RunConfig settings that vLLM's flags without a servesim twin stand for."""
+    settings: dict[str, Any] = {}
+    if enable_chunked_prefill:
+        if "policy" in given and policy != "chunked":
+            raise InputError(f"--enable-chunked-prefill is the chunked policy; it contradicts --policy {policy}")
+        settings["policy"] = "chunked"
+    if random_range_ratio is not None:
+        both = sorted(given & {"input_len_dist", "output_len_dist"})
+        if both:
+            raise InputError(f"--random-range-ratio sets both length distributions; drop {flag(both[0])}")
+        if not 0 <= random_range_ratio < 1:
+            raise InputError(f"--random-range-ratio must be in [0, 1), got {random_range_ratio}")
+        settings["input_len_dist"] = settings["output_len_dist"] = f"uniform:{random_range_ratio:g}"
+    return settings
+
+
+def parse_percentile_metrics(text: str) -> tuple[str, ...]:
+    names = tuple(name.strip() for name in text.split(",") if name.strip())
+    unknown = [name for name in names if name not in LATENCIES]
+    if unknown or not names or len(set(names)) < len(names):
+        raise InputError(f"--percentile-metrics takes distinct names from {', '.join(LATENCIES)}, got {text!r}")
+    return names

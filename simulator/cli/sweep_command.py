@@ -1,0 +1,67 @@
+"""`servesim sweep`: its command line (one option per run setting); the sweep itself is `simulator.sweep.grid`."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import click
+
+from simulator.sweep.grid import AXIS_NAMES, SETTING_TYPES, SweepSpec, flag, parse_value, read_spec_file, run_sweep
+
+
+def setting_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """One option per run setting, taking one value or a comma-separated list."""
+    for name in reversed(AXIS_NAMES):
+        kind, optional = SETTING_TYPES[name]
+        help_text = f"{kind.__name__} values" + (" ('none' for unset)" if optional else "") + ", comma-separated."
+        command = click.option(flag(name), name, default=None, metavar="V[,V...]", help=help_text)(command)
+    return command
+
+
+@click.command("sweep")
+@click.option("--out", type=click.Path(path_type=Path), required=True,
+              help="Parquet file, one row per configuration; an existing sweep file is extended.")
+@click.option("--file", "spec_file", type=click.Path(path_type=Path), default=None,
+              help="YAML or TOML file with 'axes' (setting: [values]) and 'fixed' (setting: value).")
+@click.option("--jobs", type=int, default=None, help="Configurations run at once [default: all cores].")
+@click.option("--executor", type=click.Choice(["local", "ray"]), default="local", show_default=True)
+@click.option("--address", default=None, help="Ray cluster to run on [default: start a local Ray instance].")
+@click.option("--tables", "tables_dir", type=click.Path(path_type=Path), default=None,
+              help="Also write every configuration's requests, tokens and steps here, Hive-partitioned by "
+                   "config_id.")
+@click.option("--retry-failed", is_flag=True, help="Run again the configurations whose row holds an error.")
+@click.option("--percentiles", default=None, help="Latency percentiles of every summary [default: 50,90,99].")
+@click.option("--goodput", multiple=True, help="SLOs in ms, e.g. 'ttft:500 tpot:50'.")
+@click.option("--quiet", is_flag=True, help="No progress bar on stderr (there is none unless stderr is a terminal).")
+@setting_options
+def sweep_command(out: Path, spec_file: Path | None, jobs: int | None, executor: str, address: str | None,
+                  tables_dir: Path | None, retry_failed: bool, percentiles: str | None, goodput: tuple[str, ...],
+                  quiet: bool, **settings: str | None) -> None:
+    """Run the cartesian product of run settings: `--rate 2,4,8 --policy static,chunked`.
+
+    Exits 1 when every configuration failed (the rows, with their errors, are written)."""
+    from simulator.progress import progress_enabled
+
+    axes, sweep_wide = read_spec_file(spec_file) if spec_file is not None else ({}, {})
+    for name, text in settings.items():
+        if text is not None:
+            axes[name] = [parse_value(name, value) for value in text.split(",")]
+    if percentiles is not None:
+        sweep_wide["percentiles"] = percentiles
+    if goodput:
+        sweep_wide["goodput"] = " ".join(goodput)
+    spec = SweepSpec(axes, **sweep_wide)
+    workers = jobs if jobs is not None else len(os.sched_getaffinity(0))
+    outcome = run_sweep(spec, out, jobs=workers, executor=executor, address=address, tables_dir=tables_dir,
+                        retry_failed=retry_failed, progress=progress_enabled(quiet))
+    click.echo(f"wrote {out}: {outcome.total} configurations, {outcome.ran} run now, {outcome.skipped} already done, "
+               f"{len(outcome.failed)} failed")
+    for cid, error in outcome.failed[:5]:
+        click.echo(f"  {cid}: {error}")
+    if len(outcome.failed) > 5:
+        click.echo(f"  ... and {len(outcome.failed) - 5} more; see the 'error' column")
+    if outcome.succeeded == 0:
+        raise click.ClickException(f"every configuration failed; {out} holds their errors in its 'error' column")

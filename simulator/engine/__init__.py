@@ -1,0 +1,7 @@
+"""The engine: one GPU server as a SimPy process, and what it is made of.
+
+Owns the clock, a request's state, the contract between the engine and a policy (`step`), the
+waiting queue and preemption order, paged KV memory with its prefix cache, the decoders, the
+server's step and its decode stretch, and the step log. It may import `simulator.cost` (a step's
+price), `simulator.errors` and the standard libraries, nothing above.
+"""

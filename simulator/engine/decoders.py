@@ -1,0 +1,113 @@
+"""The running decoders as one aggregate: O(1) work per step however many there are.
+
+A decoder is a running request that needs exactly one token per step. The engine keeps `steps`, the
+number of steps in which the decoders ran, and per decoder `decode_key = prompt + emitted - steps`,
+constant while it decodes. From it follow its emitted tokens (`key - prompt + steps`), its context
+(`key + steps`) and the step it finishes in (`output + prompt - key`). The aggregate keeps, as each
+decoder joins or leaves:
+
+- `decode_context`: the sum of the decoders' contexts after their next token, `key_sum + count *
+  steps`, as the cost model wants it;
+- a heap of finishing steps (stale entries, of requests that left since, are told by `decode_epoch`);
+- how many growing decoders sit in each residue of `key` modulo the block size: a decoder needs a new
+  KV block when its context crosses a block boundary, so the blocks the next step needs are one count
+  (`blocks_needed`). Decoders whose KV was reserved in full never need one.
+
+A decoder's tokens are logged as one run (request, first step, count) when it leaves.
+"""
+
+from __future__ import annotations
+
+import heapq
+
+import numpy as np
+
+from simulator.engine.request import Request
+from simulator.engine.steplog import StepLog
+
+
+class Decoders:
+    def __init__(self, block_size: int, log: StepLog) -> None:
+        self.block_size = block_size
+        self.log = log
+        self.steps = 0
+        self.key_sum = 0
+        self.members: set[Request] = set()
+        self.count = 0
+        """How many decoders there are (`len(members)`, kept as they join and leave)."""
+        self.residues = [0] * block_size
+        self._finishing: list[tuple[int, int, int, int, Request]] = []  # (step, admitted, id, epoch, request)
+
+    def __len__(self) -> int:
+        return self.count
+
+    @property
+    def decode_context(self) -> int:
+        """Sum of the decoders' contexts after their next token (the cost model's `decode_context`)."""
+        return self.key_sum + self.count * self.steps
+
+    def join(self, request: Request) -> None:
+        key = request.prompt_tokens + request.emitted - self.steps
+        request.decode_key = key
+        request.decode_since = self.steps
+        request.decode_epoch += 1
+        self.members.add(request)
+        self.count += 1
+        self.key_sum += key
+        if not request.reserved_tokens:
+            self.residues[key % self.block_size] += 1
+        finish_step = request.output_tokens + request.prompt_tokens - key
+        heapq.heappush(self._finishing, (finish_step, request.admitted, request.id, request.decode_epoch, request))
+
+    def leave(self, request: Request, steps: int | None = None) -> None:
+        """Bring the request's state up to date (as of `steps`, by default now) and take it out of
+        the aggregate."""
+        key = request.decode_key
+        steps = self.steps if steps is None else steps
+        self.members.remove(request)
+        self.count -= 1
+        self.key_sum -= key
+        if not request.reserved_tokens:
+            self.residues[key % self.block_size] -= 1
+            request.blocks = -(-(key + steps - 1) // self.block_size)
+        request.decode_epoch += 1
+        count = steps - request.decode_since
+        if count:
+            log = self.log
+            log.run_request.append(request.id)
+            log.run_first.append(request.decode_since)
+            log.run_count.append(count)
+        request.emitted = key - request.prompt_tokens + steps
+        request.computed = request.prompt_tokens + request.emitted - 1
+
+    def blocks_needed(self, ahead: int = 0) -> int:
+        """KV blocks the decoders need for the step `ahead` steps from now."""
+        return self.residues[(1 - self.steps - ahead) % self.block_size]
+
+    def blocks_needed_ahead(self, k: int) -> np.ndarray:
+        """`blocks_needed(j)` for j in 0..k-1, as an array."""
+        offsets = np.arange(k, dtype=np.int64)
+        return np.asarray(self.residues, dtype=np.int64)[(1 - self.steps - offsets) % self.block_size]
+
+    def needs_block(self, request: Request) -> bool:
+        """Does this decoder need a new block in the next step?"""
+        block_size = self.block_size
+        return not request.reserved_tokens and request.decode_key % block_size == (1 - self.steps) % block_size
+
+    def next_finish(self) -> int:
+        """The step count at which the next decoder emits its last token (a large number if none)."""
+        finishing = self._finishing
+        while finishing and finishing[0][3] != finishing[0][4].decode_epoch:
+            heapq.heappop(finishing)
+        return finishing[0][0] if finishing else 1 << 62
+
+    def pop_finished(self) -> list[tuple[int, Request]]:
+        """(step, decoder) for the decoders whose last token came in a step up to now, in (step,
+        admission) order; they stay members until the caller makes them leave."""
+        done = []
+        finishing, steps = self._finishing, self.steps
+        while finishing and finishing[0][0] <= steps:
+            step, _, _, epoch, request = heapq.heappop(finishing)
+            if epoch == request.decode_epoch:
+                done.append((step, request))
+        return done

@@ -1,0 +1,124 @@
+"""A request's lengths, progress and timestamps (seconds of simulated time)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass, fields
+from operator import attrgetter
+from typing import NamedTuple
+
+import numpy as np
+
+
+@dataclass(eq=False, slots=True)
+class Request:
+    """There are no phases: `computed` catches up with `prompt_tokens + emitted`, and the step that
+    closes the gap emits one token. A decoding request is one whose gap is a single token.
+
+    While a request decodes in the engine's aggregate of decoders (`simulator.engine.decoders`), its
+    `computed` and `emitted` are brought up to date only when it leaves the aggregate; policies
+    never see it in between."""
+
+    id: int
+    arrival: float
+    prompt_tokens: int
+    output_tokens: int
+    priority: int = 0
+    """Lower runs first under `--scheduling-policy priority` (vLLM's convention)."""
+    computed: int = 0
+    emitted: int = 0
+    scheduled: float = math.nan
+    first_token: float = math.nan
+    finish: float = math.nan
+    preemptions: int = 0
+    blocks: int = 0
+    """KV blocks it holds."""
+    reserved_tokens: int = 0
+    """KV reserved in full at admission (a padded batch); 0 = grow block by block."""
+    admitted: int = -1
+    """Admission number: the running set's order (each admission, re-admissions too, gets the next)."""
+    content: tuple[tuple[int, int], ...] | None = None
+    """Prefix identity: (segment id, tokens) pieces of its prompt and then its output; None: none
+    (see `simulator.engine.kv`)."""
+    cached_tokens: int = 0
+    """Prompt tokens found in the prefix cache at its first admission (vLLM's num_cached_tokens)."""
+    # The prefix cache's bookkeeping (simulator.engine.kv): chained block keys, the blocks it holds as
+    # runs (block index it ends at, cached or uncached copies), and a waiting request's
+    # looked-up hit.
+    block_keys: list[int] | None = None
+    held_runs: list[tuple[int, bool]] | None = None
+    hit_blocks: int = 0
+    hit_in_use: int = 0
+    # The engine's bookkeeping while the request is one of the lazy decoders.
+    decode_key: int = 0
+    decode_epoch: int = 0
+    decode_since: int = 0
+
+    @property
+    def num_pending(self) -> int:
+        """Tokens to compute before the next output token appears."""
+        return self.prompt_tokens + self.emitted - self.computed
+
+    @property
+    def is_finished(self) -> bool:
+        return self.emitted == self.output_tokens
+
+    @property
+    def is_decoding(self) -> bool:
+        return self.emitted > 0 and self.num_pending == 1
+
+
+class RequestRecord(NamedTuple):
+    """One request's row of `RequestColumns` (NaN for times that did not happen)."""
+
+    id: int
+    arrival: float
+    prompt_tokens: int
+    output_tokens: int
+    emitted: int
+    scheduled: float
+    first_token: float
+    finish: float
+    preemptions: int
+    priority: int
+    cached_tokens: int
+
+
+@dataclass
+class RequestColumns:
+    """Every request that arrived, in id (arrival) order, one array per field (seconds, tokens);
+    NaN times for what did not happen."""
+
+    arrival: np.ndarray
+    prompt_tokens: np.ndarray
+    output_tokens: np.ndarray
+    emitted: np.ndarray
+    scheduled: np.ndarray
+    first_token: np.ndarray
+    finish: np.ndarray
+    preemptions: np.ndarray
+    priority: np.ndarray
+    cached_tokens: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.arrival)
+
+    def __getitem__(self, i: int) -> RequestRecord:
+        return RequestRecord(i, float(self.arrival[i]), int(self.prompt_tokens[i]), int(self.output_tokens[i]),
+                             int(self.emitted[i]), float(self.scheduled[i]), float(self.first_token[i]),
+                             float(self.finish[i]), int(self.preemptions[i]), int(self.priority[i]),
+                             int(self.cached_tokens[i]))
+
+    def __iter__(self) -> Iterator[RequestRecord]:
+        return (self[i] for i in range(len(self)))
+
+    @classmethod
+    def from_requests(cls, requests: list[Request]) -> RequestColumns:
+        """One pass over the requests per field, straight into its array (no intermediate rows)."""
+        n = len(requests)
+        return cls(*(np.fromiter(map(attrgetter(f.name), requests), np.int64 if f.name in INT_FIELDS else np.float64, n)
+                     for f in fields(cls)))
+
+
+INT_FIELDS = frozenset({"prompt_tokens", "output_tokens", "emitted", "preemptions", "priority", "cached_tokens"})

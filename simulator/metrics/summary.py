@@ -1,0 +1,231 @@
+"""The run's tables (requests, tokens, steps) and its summary metrics.
+
+Metrics follow `vllm bench serve`: TTFT = first token - arrival, E2EL = finish - arrival,
+TPOT = (E2EL - TTFT) / (output tokens - 1) for outputs longer than one token, ITL = every gap
+between consecutive tokens pooled over requests, throughputs = totals / (last finish - first
+arrival), goodput = requests meeting every SLO / that duration. Latencies are summarised over
+finished requests as mean, median, population std and numpy's linear percentiles. All in seconds.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import polars as pl
+
+from simulator.engine.steplog import StepLog
+from simulator.metrics.fleet import fleet_columns, fleet_totals, server_summaries
+from simulator.metrics.tables import Tables
+from simulator.metrics.tokens import describe_histogram, itl_histogram, tokens_table
+from simulator.run.result import RunResult
+
+LATENCIES = ("ttft", "tpot", "itl", "e2el", "queue")
+# Overloaded: requests in the system grow by more than this fraction of the arrival rate.
+SATURATED_GROWTH_FRACTION = 0.02
+
+
+def build_tables(result: RunResult, tokens: bool = True) -> Tables:
+    """The run's requests, tokens and steps tables; `tokens=False` leaves the (large) tokens table
+    empty for callers that only want the summary."""
+    log = result.log
+    columns = ("start", "duration", "num_seqs", "prefill_tokens", "decode_tokens", "padded_tokens",
+               "kv_blocks_used", "num_waiting", "num_running", "num_preempted")
+    steps = pl.DataFrame({"step": np.arange(len(log), dtype=np.int64)} | {name: log.column(name) for name in columns}
+                         | prefix_cache_columns(log)).with_columns(pl.col("prefix_cache_hit_rate").fill_nan(None))
+    token_rows = tokens_table(log) if tokens else pl.DataFrame(
+        schema={"request_id": pl.Int64, "index": pl.Int64, "time": pl.Float64})
+
+    reqs = result.requests
+    arrival, first_token, finish, output = reqs.arrival, reqs.first_token, reqs.finish, reqs.output_tokens
+    e2el = finish - arrival
+    ttft = first_token - arrival
+    with np.errstate(invalid="ignore", divide="ignore"):
+        tpot = np.where(output > 1, (e2el - ttft) / (output - 1), np.nan)
+    requests = pl.DataFrame({
+        "request_id": np.arange(len(reqs), dtype=np.int64),
+        "arrival": arrival,
+        "prompt_tokens": reqs.prompt_tokens,
+        "output_tokens": output,
+        "emitted_tokens": reqs.emitted,
+        "scheduled": reqs.scheduled,
+        "first_token": first_token,
+        "finish": finish,
+        "ttft": ttft,
+        "tpot": tpot,
+        "e2el": e2el,
+        "queue": reqs.scheduled - arrival,
+        "preemptions": reqs.preemptions,
+        "priority": reqs.priority,
+        "cached_tokens": reqs.cached_tokens,
+        "finished": ~np.isnan(finish),
+    }).with_columns(pl.col(c).fill_nan(None) for c in ("scheduled", "first_token", "finish", "ttft",
+                                                        "tpot", "e2el", "queue"))
+    if result.fleet is not None:
+        requests, steps = fleet_columns(result.fleet, requests, steps)
+    return Tables(requests, token_rows, steps)
+
+
+def prefix_cache_columns(log: StepLog) -> dict[str, np.ndarray]:
+    """Per step, the prompt tokens its admissions queried in the prefix cache and found there; and
+    the hit rate so far (hits / queries up to that step, NaN before the first query), as vLLM's
+    prefix-cache hit rate."""
+    steps = log.column("cache_step")
+    queried = np.bincount(steps, weights=log.column("cache_queried"), minlength=len(log)).astype(np.int64)
+    hit = np.bincount(steps, weights=log.column("cache_hit"), minlength=len(log)).astype(np.int64)
+    total = np.cumsum(queried)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        rate = np.where(total > 0, np.cumsum(hit) / total, np.nan)
+    return {"prefix_cache_queried_tokens": queried, "prefix_cache_hit_tokens": hit, "prefix_cache_hit_rate": rate}
+
+
+def describe(values: np.ndarray, percentiles: tuple[float, ...]) -> dict[str, float | None]:
+    """Mean, median, population std and linear percentiles; None for an empty sample."""
+    if len(values) == 0:
+        return dict.fromkeys(["mean", "median", "std", *(f"p{q:g}" for q in percentiles)])
+    stats: dict[str, float | None] = {
+        "mean": float(np.mean(values)), "median": float(np.median(values)), "std": float(np.std(values))}
+    for q, v in zip(percentiles, np.percentile(values, percentiles, method="linear"), strict=True):
+        stats[f"p{q:g}"] = float(v)
+    return stats
+
+
+def inter_token_latencies(tokens: pl.DataFrame) -> np.ndarray:
+    """Gaps between consecutive tokens of each request, from a tokens table sorted by request and index."""
+    request_ids = tokens["request_id"].to_numpy()
+    times = tokens["time"].to_numpy()
+    same = request_ids[1:] == request_ids[:-1]
+    return (times[1:] - times[:-1])[same]
+
+
+def load_state(result: RunResult, steps: pl.DataFrame) -> dict[str, Any]:
+    """Did the server keep up with an open-loop arrival rate?
+
+    Over the second half of the arrival window (past the warm-up, while arrivals still come) the
+    number of requests in the system (waiting + running) is fitted against time: an overloaded
+    server shows a steady growth, larger than 2% of the arrival rate and than three times the
+    count's scatter about the fitted line; a stable one wanders about a level. When that half-window
+    is shorter than twice the latency of the earliest requests, the system has not settled and the
+    run cannot tell (`kept_up` None), as when no request finished at all. Time-utilisation is
+    reported too, but it is no test: a continuous batcher is busy whenever one request decodes.
+    """
+    requests = result.requests
+    state: dict[str, Any] = {"load": "open loop", "kept_up": None, "utilisation": 0.0, "queue_growth": None,
+                             "offered_rate": None}
+    if not len(requests) or steps.is_empty():
+        return state | {"load": "empty"}
+    first = float(requests.arrival[0])
+    finishes = requests.finish
+    last = float(np.nanmax(finishes)) if not np.isnan(finishes).all() else result.end_time
+    num_servers = len(result.fleet.roles) if result.fleet is not None else 1  # utilisation: the servers' mean
+    state["utilisation"] = float(steps["duration"].sum()) / num_servers / (last - first) if last > first else 1.0
+    if np.isnan(finishes).all():
+        return state | {"load": "none finished"}  # cut off by --time-limit before any request finished
+    if result.config.concurrency is not None and result.config.trace is None:
+        return state | {"load": "closed loop", "kept_up": True}
+    last_arrival = float(requests.arrival[-1])
+    if last_arrival == first:
+        return state | {"load": "all at once"}
+    state["offered_rate"] = (len(requests) - 1) / (last_arrival - first)
+    half = (first + last_arrival) / 2
+    window = steps.filter(pl.col("start").is_between(half, last_arrival))
+    # The settling time scale: latency of the earliest tenth of requests, before any queue built up.
+    early = slice(0, max(1, len(requests) // 10))
+    e2el = requests.finish[early] - requests.arrival[early]
+    typical_latency = float(np.nanmedian(e2el)) if not np.isnan(e2el).all() else math.inf
+    if len(window) < 3 or last_arrival - half < 2 * typical_latency:
+        return state
+    in_system = (window["num_waiting"] + window["num_running"]).to_numpy().astype(float)
+    t = window["start"].to_numpy()
+    if np.ptp(t) == 0:  # every step of the window starts at one instant (a fleet's): no time to grow over
+        return state
+    t = t - t.mean()  # centred: a fit over a short window late in a long run stays well conditioned
+    slope, intercept = np.polyfit(t, in_system, 1)
+    residual = float(np.std(in_system - (slope * t + intercept)))
+    # A fleet's steps each count one server's requests: the fleet's grow num_servers times as fast.
+    state["queue_growth"] = float(slope) * num_servers
+    # Growth must be material (a share of the arrival rate) and beyond the count's own wander.
+    material = state["queue_growth"] > SATURATED_GROWTH_FRACTION * state["offered_rate"]
+    beyond_noise = slope * (last_arrival - half) > 3 * residual
+    state["kept_up"] = not (material and beyond_noise)
+    return state
+
+
+def load_verdict(kept_up: object, load: object, offered_rate: str, queue_growth: str) -> tuple[str, str] | None:
+    """(kind, sentence) for what `load_state` found, as the CLI and the report both say it: overloaded,
+    too short to tell, a burst, or kept up; None when the state says none of these. The two rates
+    come formatted (the report formats numbers read from a file it does not trust)."""
+    if kept_up is False:
+        return "bad", (f"OVERLOADED: the server did not keep up with {offered_rate} req/s (requests in the system "
+                       f"grew by {queue_growth}/s in the second half of the arrivals). Queues grow without bound at "
+                       "this rate, so TTFT and queue time measure the run's length, not the server.")
+    if kept_up is None and load == "open loop":
+        return "unsure", ("Too short to tell whether the server keeps up at this rate: the second half of the "
+                          "arrivals lasted less than twice a typical request's latency. Send more requests.")
+    if load == "all at once":
+        return "unsure", "All requests arrived at once (--rate inf): a burst, not a steady load."
+    if kept_up is True:
+        return "good", f"The server kept up ({load})."
+    return None
+
+
+def summarize(result: RunResult, tables: Tables) -> dict[str, Any]:
+    config = result.config
+    done = tables.requests.filter(pl.col("finished"))
+    num_done = done.height
+    summary: dict[str, Any] = {
+        "num_requests": result.num_requests,
+        "arrived": len(result.requests),
+        "completed": num_done,
+        "unfinished": len(result.requests) - num_done,
+        "preemptions": int(tables.requests["preemptions"].sum()),
+        "num_steps": tables.steps.height,
+        "kv_blocks": result.kv_blocks,
+        "kv_capacity_tokens": result.kv_blocks * config.block_size,
+    }
+    queried = int(tables.steps["prefix_cache_queried_tokens"].sum())
+    summary["prefix_cache_queried_tokens"] = queried
+    summary["prefix_cache_hit_tokens"] = int(tables.steps["prefix_cache_hit_tokens"].sum())
+    summary["prefix_cache_hit_rate"] = summary["prefix_cache_hit_tokens"] / queried if queried else math.nan
+    duration = 0.0
+    if num_done:
+        duration = float(done["finish"].to_numpy().max() - tables.requests["arrival"].to_numpy().min())
+    summary["duration"] = duration
+    input_tokens = int(done["prompt_tokens"].sum())
+    output_tokens = int(done["output_tokens"].sum())
+    summary["total_input_tokens"] = input_tokens
+    summary["total_output_tokens"] = output_tokens
+    rate = (lambda x: x / duration) if duration > 0 else (lambda x: math.nan)
+    summary["request_throughput"] = rate(num_done)
+    summary["output_throughput"] = rate(output_tokens)
+    summary["total_token_throughput"] = rate(input_tokens + output_tokens)
+
+    samples = {
+        "ttft": done["ttft"].to_numpy(),
+        "tpot": done["tpot"].drop_nulls().to_numpy(),
+        "e2el": done["e2el"].to_numpy(),
+        "queue": done["queue"].to_numpy(),
+    }
+    keep = tables.requests["finished"].to_numpy() if summary["unfinished"] else None
+    itl = describe_histogram(*itl_histogram(result.log, keep), config.percentiles)
+    for name in LATENCIES:
+        stats = itl if name == "itl" else describe(samples[name], config.percentiles)
+        for stat, value in stats.items():
+            summary[f"{stat}_{name}"] = value
+
+    if config.goodput:
+        good = np.ones(num_done, dtype=bool)
+        for metric, limit in config.goodput:
+            values = done[metric].fill_null(0.0).to_numpy()
+            good &= values <= limit
+        summary["good_requests"] = int(good.sum())
+        summary["request_goodput"] = rate(int(good.sum()))
+    summary.update(load_state(result, tables.steps))
+    summary["cost_extrapolations"] = sum(result.cost_extrapolated.values())
+    summary["cost_extrapolated"] = ", ".join(f"{family}: {n}" for family, n in sorted(result.cost_extrapolated.items()))
+    summary["cost_notes"] = "; ".join(result.cost_notes)
+    if result.fleet is not None:
+        summary["servers"] = server_summaries(result, tables, duration)
+        summary |= fleet_totals(summary["servers"], tables.requests)
+    return summary

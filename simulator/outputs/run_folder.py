@@ -1,0 +1,187 @@
+"""Writing a run: requests, tokens and steps as Parquet, the summary as JSON, settings attached.
+
+A run folder is written in a scratch folder beside it and renamed into place at the end, so a
+failure never leaves a half-written run behind. The writer holds a lock on its scratch folder, so
+one killed mid-write (SIGKILL, out of memory) leaves a folder whose lock died with it, and the next
+write into the same parent folder removes it.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import math
+import os
+import secrets
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Protocol
+
+import polars as pl
+import pyarrow.parquet as pq
+
+from simulator.errors import InputError
+from simulator.outputs.locks import try_lock
+from simulator.progress import Bar
+
+METADATA_KEY = b"servesim"
+ROW_GROUP_ROWS = 1024 * 1024
+"""pyarrow's default row group; tables are written one group at a time to show progress."""
+SCRATCH_SUFFIX = ".scratch"
+
+
+def json_safe(value: Any) -> Any:
+    """JSON has no NaN or infinity: write them as null and the string "inf"."""
+    if isinstance(value, float):
+        if math.isnan(value):
+            return None
+        if math.isinf(value):
+            return "inf" if value > 0 else "-inf"
+    if isinstance(value, dict):
+        return {k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    return value
+
+
+class StreamedTable(Protocol):
+    """A table written to Parquet piece by piece, never whole in memory (the tokens table)."""
+
+    @property
+    def height(self) -> int: ...
+
+    def write(self, path: Path, metadata: dict[bytes, bytes], progress: Callable[[int], None] | None) -> None: ...
+
+
+def parquet_metadata(metadata: dict[str, Any]) -> dict[bytes, bytes]:
+    """The run's settings as a Parquet file's key-value metadata, under b"servesim"."""
+    return {METADATA_KEY: json.dumps(json_safe(metadata)).encode()}
+
+
+def write_parquet(frame: pl.DataFrame, path: Path, metadata: dict[str, Any],
+                  progress: Callable[[int], None] | None = None) -> None:
+    """Parquet with the run's settings in the file's key-value metadata under b"servesim";
+    `progress` is called with the rows written so far (the file is the same as pq.write_table's)."""
+    table = frame.to_arrow()
+    table = table.replace_schema_metadata(parquet_metadata(metadata))
+    partial = path.with_name(f".{path.name}.partial")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        with pq.ParquetWriter(partial, table.schema) as writer:
+            for offset in range(0, max(table.num_rows, 1), ROW_GROUP_ROWS):
+                writer.write_table(table.slice(offset, ROW_GROUP_ROWS), row_group_size=ROW_GROUP_ROWS)
+                if progress is not None:
+                    progress(min(offset + ROW_GROUP_ROWS, table.num_rows))
+        os.replace(partial, path)
+    finally:
+        partial.unlink(missing_ok=True)
+
+
+def read_metadata(path: Path) -> dict[str, Any]:
+    raw = pq.read_schema(path).metadata or {}
+    return json.loads(raw[METADATA_KEY]) if METADATA_KEY in raw else {}
+
+
+def default_run_dir(root: Path, label: str) -> Path:
+    stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    candidate = root / f"{stamp}-{label}"
+    suffix = 1
+    while candidate.exists():
+        suffix += 1
+        candidate = root / f"{stamp}-{label}-{suffix}"
+    return candidate
+
+
+def check_out_dir(out: Path) -> None:
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise InputError(f"--out {str(out)!r} already exists and is not an empty folder")
+    check_writable(out, "--out")
+
+
+def check_writable(path: Path, flag: str, *, inside: bool = False) -> None:
+    """Refuse, before any work, a path (a folder to write `inside`) whose nearest existing folder
+    takes no new files."""
+    folder = path if inside else path.parent
+    while not folder.exists():
+        folder = folder.parent
+    if not folder.is_dir():
+        raise InputError(f"cannot write {flag} {str(path)!r}: {str(folder)!r} is not a folder")
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".servesim-probe-", dir=folder))
+    except OSError as exc:
+        raise InputError(f"cannot write {flag} {str(path)!r}: the folder {str(folder)!r} takes no new files "
+                         f"({exc.strerror})") from None
+
+
+@contextmanager
+def scratch_dir(out: Path) -> Iterator[Path]:
+    """A hidden folder beside `out`, locked while this process writes in it, removed on failure.
+
+    It is made by mkdir (so its mode is the umask's, 0755 as a rule, not mkdtemp's 0700) under a
+    name no cleaner touches, locked, and only then given the name cleaners look for.
+    """
+    pending = out.parent / f".{out.name}.{secrets.token_hex(4)}"
+    pending.mkdir()
+    fd = os.open(pending, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        locked = try_lock(fd)
+        assert locked, f"{pending} was locked by another process as it was made"
+        scratch = pending.rename(pending.with_name(pending.name + SCRATCH_SUFFIX))
+        try:
+            yield scratch
+        except BaseException:
+            shutil.rmtree(scratch, ignore_errors=True)
+            raise
+    finally:
+        os.close(fd)
+
+
+def remove_stale_scratch(folder: Path) -> None:
+    """Remove the scratch folders of writers that died mid-write: no live process holds their lock."""
+    for scratch in folder.glob(f".*{SCRATCH_SUFFIX}"):
+        try:
+            fd = os.open(scratch, os.O_RDONLY | os.O_DIRECTORY)
+        except OSError:
+            continue  # gone meanwhile, or not a folder
+        try:
+            if try_lock(fd):
+                shutil.rmtree(scratch, ignore_errors=True)
+        finally:
+            os.close(fd)
+
+
+def write_run(out: Path, tables: dict[str, pl.DataFrame | StreamedTable], summary: dict[str, Any],
+              settings: dict[str, Any], *, progress: bool = False) -> None:
+    """The run folder `out`, whole or not at all; `progress` draws a bar of rows written."""
+    check_out_dir(out)
+    bar = Bar(sum(frame.height for frame in tables.values()), desc="writing", unit="row", scale=True,
+              enabled=progress)
+    written = 0
+
+    def advance(rows: int) -> None:
+        bar.advance(written + rows)
+
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        remove_stale_scratch(out.parent)
+        with scratch_dir(out) as scratch:
+            metadata = {"settings": settings}
+            for name, table in tables.items():
+                if isinstance(table, pl.DataFrame):
+                    write_parquet(table, scratch / f"{name}.parquet", metadata, advance)
+                else:
+                    table.write(scratch / f"{name}.parquet", parquet_metadata(metadata), advance)
+                written += table.height
+            (scratch / "summary.json").write_text(
+                json.dumps(json_safe({"settings": settings, "summary": summary}), indent=2) + "\n")
+            if out.exists():
+                out.rmdir()
+            os.replace(scratch, out)
+    except OSError as exc:
+        where = f" ({exc.filename})" if exc.filename else ""
+        raise InputError(f"cannot write {str(out)!r}: {exc.strerror or exc}{where}") from None
+    finally:
+        bar.close()

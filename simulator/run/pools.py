@@ -1,0 +1,78 @@
+"""A fleet's pools built from a `RunConfig`: colocated replicas, or prefill and decode pools each of
+its own tensor-parallel size, sized and checked as a single server of that size would be."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import replace
+
+from policies import build_policy
+from simulator.config import RunConfig, disaggregated
+from simulator.cost import CostModel, build_cost_model
+from simulator.deploy.hardware import GpuSpec
+from simulator.deploy.model import ModelSpec
+from simulator.errors import InputError
+from simulator.fleet.engine import FleetEngine, Pool, run_fleet
+from simulator.fleet.routers import build_router
+from simulator.fleet.transfer import KVLink, kv_link
+from simulator.progress import RunProgress
+from simulator.run.result import RunResult
+from simulator.run.sizing import check_fits, gpu_shard, keeps_prefix_cache, kv_cache_blocks
+from workloads import Workload
+
+
+def pool_configs(config: RunConfig) -> list[tuple[str, int, RunConfig]]:
+    """(role, servers, the config one server of the pool runs) for each pool, the entry pool first."""
+    tp = config.tensor_parallel_size
+    if not disaggregated(config):
+        return [("replica", config.num_replicas, config)]
+    assert config.prefill_replicas is not None and config.decode_replicas is not None
+    prefill_tp = config.prefill_tensor_parallel_size or tp
+    decode_tp = config.decode_tensor_parallel_size or tp
+    return [("prefill", config.prefill_replicas, replace(config, tensor_parallel_size=prefill_tp)),
+            ("decode", config.decode_replicas, replace(config, tensor_parallel_size=decode_tp))]
+
+
+def build_pools(config: RunConfig, model: ModelSpec, gpu: GpuSpec, workload: Workload, cost: CostModel | None = None
+                ) -> tuple[list[Pool], KVLink | None]:
+    """The pools (fresh policies and routers) and, for P/D, the KV link; refuses a workload a pool
+    could never serve, before anything runs. `cost` replaces every pool's cost model."""
+    if workload.turns > 1:
+        raise InputError(f"--num-turns {workload.turns} runs on one server: a fleet does not route conversations "
+                         "(drop --num-replicas, or --prefill-replicas and --decode-replicas)")
+    longest = int(workload.prompt_tokens.max())
+    pools = []
+    for index, (role, count, pool_config) in enumerate(pool_configs(config)):
+        kv_blocks = kv_cache_blocks(pool_config, model, gpu, longest)
+        check_fits(workload, pool_config, model, kv_blocks)
+        policies = [build_policy(pool_config) for _ in range(count)]
+        # A decode server receives prompts computed elsewhere: it has no prefill to skip.
+        caching = keeps_prefix_cache(config, workload, policies[0]) and role != "decode"
+        pools.append(Pool(role, policies, cost or build_cost_model(pool_config, model, gpu), kv_blocks,
+                          config.block_size, build_router(config.router, count, workload.num_requests, config.seed,
+                                                          index), caching))
+    link = None
+    if disaggregated(config):
+        kv_bytes = max(gpu_shard(pool_config, model).kv_bytes_per_token for _, _, pool_config in pool_configs(config))
+        link = kv_link(config.kv_transfer_bandwidth, config.kv_transfer_latency, gpu, kv_bytes)
+    return pools, link
+
+
+def simulate_fleet(config: RunConfig, model: ModelSpec, gpu: GpuSpec, workload: Workload, progress: bool = False,
+                   engine: FleetEngine = run_fleet, cost: CostModel | None = None) -> RunResult:
+    """`simulate` for more than one server; `engine` replaces `run_fleet` (the tests' oracle),
+    `cost` every pool's cost model."""
+    pools, link = build_pools(config, model, gpu, workload, cost)
+    bar = RunProgress(workload.num_requests, enabled=progress)
+    try:
+        requests, log, end_time, fleet = engine(pools, link, workload, config.time_limit,
+                                                bar.update if progress else None)
+    finally:
+        bar.close()
+    extrapolated: Counter[str] = Counter()
+    notes: list[str] = []
+    for pool in pools:
+        extrapolated.update(pool.cost.extrapolated)
+        notes += [note for note in pool.cost.notes if note not in notes]
+    return RunResult(config, model, gpu, pools[-1].kv_blocks, requests, log, workload.num_requests, end_time,
+                     dict(extrapolated), tuple(notes), fleet)

@@ -1,0 +1,32 @@
+"""A run's result: its settings, what it ran on, every request's columns and the step log."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from simulator.config import RunConfig
+from simulator.deploy.hardware import GpuSpec
+from simulator.deploy.model import ModelSpec
+from simulator.engine.request import RequestColumns
+from simulator.engine.steplog import StepLog
+from simulator.fleet.engine import FleetResult
+
+
+@dataclass
+class RunResult:
+    config: RunConfig
+    model: ModelSpec
+    gpu: GpuSpec
+    kv_blocks: int
+    requests: RequestColumns
+    """Every request that arrived, in id (arrival) order."""
+    log: StepLog
+    num_requests: int
+    """Requests in the workload, arrived or not."""
+    end_time: float
+    cost_extrapolated: dict[str, int]
+    """Steps whose cost the model extrapolated beyond its measurements, by operator family."""
+    cost_notes: tuple[str, ...]
+    """What the cost model's tables stood in for, noted at load."""
+    fleet: FleetResult | None = None
+    """Servers, routing and transfers of a run of more than one server (`simulator.fleet.engine`)."""

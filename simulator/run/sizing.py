@@ -1,0 +1,64 @@
+"""A server's size under a `RunConfig`: what one GPU holds, how many KV blocks are left for the
+cache, and whether every request of the workload can ever run on it."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from policies import build_policy
+from simulator.config import RunConfig
+from simulator.deploy.hardware import GpuSpec
+from simulator.deploy.memory import activation_reserve_bytes, check_weights_fit, kv_capacity_blocks
+from simulator.deploy.model import ModelSpec
+from simulator.engine.step import Policy
+from simulator.errors import InputError
+from workloads import Workload
+
+
+def step_activation_bytes(config: RunConfig, model: ModelSpec, longest_prompt: int) -> int:
+    """Activation memory on one GPU of the largest step the policy can build: its token budget, or
+    for static batching a whole batch padded to the longest prompt."""
+    tokens = build_policy(config).max_step_tokens(longest_prompt)
+    return activation_reserve_bytes(gpu_shard(config, model), tokens, config.max_num_seqs)
+
+
+def gpu_shard(config: RunConfig, model: ModelSpec) -> ModelSpec:
+    """What one GPU holds: the model in the run's dtypes, split --tensor-parallel-size ways."""
+    return model.deployed(config.quantization, config.kv_cache_dtype).shard(config.tensor_parallel_size)
+
+
+def kv_cache_blocks(config: RunConfig, model: ModelSpec, gpu: GpuSpec, longest_prompt: int) -> int:
+    """KV blocks each GPU holds under `config` (every GPU holds its share of every block): sized
+    from its memory, or vLLM's override. Refuses a model whose weights do not fit."""
+    shard = gpu_shard(config, model)
+    check_weights_fit(shard, config.tensor_parallel_size, gpu.memory_bytes, config.gpu_memory_utilization)
+    if config.num_gpu_blocks_override is not None:
+        return config.num_gpu_blocks_override
+    return kv_capacity_blocks(
+        memory_bytes=gpu.memory_bytes, gpu_memory_utilization=config.gpu_memory_utilization,
+        weight_bytes=shard.weight_bytes, activation_bytes=step_activation_bytes(config, model, longest_prompt),
+        kv_bytes_per_token=shard.kv_bytes_per_token, block_size=config.block_size)
+
+
+def check_fits(workload: Workload, config: RunConfig, model: ModelSpec, kv_blocks: int) -> None:
+    """Reject requests no server of this size could ever run, before any output is written."""
+    lengths = workload.prompt_tokens + workload.output_tokens
+    longest = int(np.argmax(lengths))
+    capacity = kv_blocks * config.block_size
+    if lengths[longest] > capacity:
+        raise InputError(f"request {longest} ({workload.prompt_tokens[longest]} prompt + "
+                         f"{workload.output_tokens[longest]} output tokens) needs {lengths[longest]} tokens of KV "
+                         f"cache; the GPU holds {capacity} ({kv_blocks} blocks of {config.block_size})")
+    if config.max_model_len is not None and config.max_model_len > model.max_model_len:
+        raise InputError(f"--max-model-len {config.max_model_len} is past {model.name}'s {model.max_model_len} tokens")
+    if lengths[longest] > (config.max_model_len or model.max_model_len):
+        limit = f"--max-model-len {config.max_model_len}" if config.max_model_len else f"{model.name}"
+        raise InputError(f"request {longest} is {lengths[longest]} tokens long; "
+                         f"{limit} takes at most {config.max_model_len or model.max_model_len}")
+    build_policy(config).check_prompts(workload.prompt_tokens.tolist())
+
+
+def keeps_prefix_cache(config: RunConfig, workload: Workload, policy: Policy) -> bool:
+    """A server keeps a prefix cache when it is on, the workload says which prompt tokens are equal,
+    and the policy can start an admission after a cached prefix."""
+    return config.enable_prefix_caching and workload.content is not None and policy.prefix_hits

@@ -1,0 +1,148 @@
+"""Measured points rerun in servesim: the simulated statistics beside the measured ones, with errors.
+
+Each point is rerun as its client ran it (`simulator.sim2real.replay`): the chunked policy with vLLM serve's
+defaults on an H100-class GPU (8,192 batched tokens, 1,024 sequences: vLLM V1 always chunks
+prefills), the measured-kernel cost model on the point's GPU profile (by default the shipped one
+with vLLM's fitted host overhead, `default_profile`), with the profile's fitted client time
+(`calibration/fit_host.py`) where it has one. The error of a
+statistic is (simulated - measured) / measured.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+import polars as pl
+
+from simulator.config import DEFAULTS, RunConfig
+from simulator.deploy.hardware import available_gpus, load_profile
+from simulator.errors import InputError
+from simulator.sim2real.measured import MeasuredPoint
+from simulator.sim2real.replay import ClientRun, Replay, replay_workload
+from workloads import Workload, synthetic_workload
+
+
+@dataclass(frozen=True)
+class Scheduler:
+    """The measured servers' scheduler settings (default: vLLM serve's on an H100-class GPU)."""
+
+    max_num_batched_tokens: int = DEFAULTS["max_num_batched_tokens"]
+    max_num_seqs: int = DEFAULTS["max_num_seqs"]
+
+
+DEFAULT_SCHEDULER = Scheduler()
+ROW_SCHEMA = {"point": pl.String, "group": pl.String, "gpu": pl.String, "model": pl.String,
+              "tensor_parallel_size": pl.Int64, "quantization": pl.String, "concurrency": pl.Int64,
+              "rate": pl.Float64, "input_len": pl.Float64, "output_len": pl.Float64, "statistic": pl.String,
+              "measured": pl.Float64, "simulated": pl.Float64, "error": pl.Float64}
+"""One row per (point, statistic); times in seconds, throughputs per second."""
+
+
+def default_profile(system: str) -> str:
+    """The shipped profile a point measured on `system` reruns on: its vLLM-fitted one (`<system>_vllm`,
+    the host overhead `simulate fit` found for vLLM 0.12 serving) where shipped, else its own."""
+    return f"{system}_vllm" if f"{system}_vllm" in available_gpus() else system
+
+
+def client_time(gpu: str) -> float:
+    """The profile's fitted per-request client time, seconds (0 for a profile not fitted)."""
+    fit = load_profile(gpu).meta.get("host_overhead_fit")
+    return float(fit["values"]["client_time"]) if isinstance(fit, dict) else 0.0
+
+
+def point_config(point: MeasuredPoint, gpu: str, seed: int = 0, scheduler: Scheduler = DEFAULT_SCHEDULER) -> RunConfig:
+    """The point's deployment on profile `gpu`; `scheduler`: the server's settings."""
+    return RunConfig(policy="chunked", model=point.model, gpu=gpu, cost="measured",
+                     tensor_parallel_size=point.tensor_parallel_size, quantization=point.quantization,
+                     input_len=point.input_lens[0], output_len=point.output_lens[0], seed=seed,
+                     max_num_batched_tokens=scheduler.max_num_batched_tokens, max_num_seqs=scheduler.max_num_seqs)
+
+
+def point_workload(point: MeasuredPoint, seed: int = 0) -> Workload:
+    """The requests the client sent, warm-up first: its own lengths, or the fixed ones repeated."""
+    total = point.warmup + point.num_requests
+
+    def lengths(given: tuple[int, ...]) -> np.ndarray:
+        if len(given) == 1:
+            return np.full(total, given[0], np.int64)
+        return np.resize(np.asarray(given, np.int64), total)  # detail lists cover the measured requests
+
+    prompts, outputs = lengths(point.input_lens), lengths(point.output_lens)
+    if point.concurrency is not None:
+        return Workload(prompts, outputs, None, point.concurrency)
+    assert point.rate is not None
+    arrivals = synthetic_workload(input_len=1, output_len=1, rate=point.rate, burstiness=point.burstiness,
+                                  num_requests=total, seed=seed).arrival
+    return Workload(prompts, outputs, arrivals, None)
+
+
+def rerun(point: MeasuredPoint, gpu: str, seed: int = 0, scheduler: Scheduler = DEFAULT_SCHEDULER) -> Replay:
+    """`point` rerun on profile `gpu` as its client sent it."""
+    workload = point_workload(point, seed)
+    concurrency = point.concurrency if point.concurrency is not None else workload.num_requests
+    client = ClientRun(concurrency, point.warmup, point.num_requests, client_time(gpu))
+    return replay_workload(point_config(point, gpu, seed, scheduler), client, workload)
+
+
+def simulated_statistics(run: Replay, wanted: set[str]) -> dict[str, float]:
+    """The statistics of the measured requests that `wanted` names (`ttft_mean`, `itl_p99`, ...)."""
+    samples = {"ttft": run.ttft, "tpot": run.tpot[~np.isnan(run.tpot)], "e2el": run.e2el}
+    if any(name.startswith("itl_") for name in wanted):
+        samples["itl"] = run.itl()
+    stats: dict[str, float] = {}
+    for metric, values in samples.items():
+        if len(values):
+            stats |= {f"{metric}_mean": float(np.mean(values)), f"{metric}_median": float(np.median(values)),
+                      f"{metric}_p99": float(np.percentile(values, 99))}
+    reqs = run.result.requests
+    stats["request_throughput"] = len(run.ttft) / run.duration
+    stats["output_throughput"] = float(reqs.output_tokens[run.warmup:].sum()) / run.duration
+    return {name: value for name, value in stats.items() if name in wanted}
+
+
+def compare_point(point: MeasuredPoint, gpu: str, seed: int = 0,
+                  scheduler: Scheduler = DEFAULT_SCHEDULER) -> list[dict[str, Any]]:
+    """One row per measured statistic of `point`, rerun on `gpu`."""
+    simulated = simulated_statistics(rerun(point, gpu, seed, scheduler), set(point.measured))
+    base = {"point": point.name, "group": point.group, "gpu": gpu, "model": point.model,
+            "tensor_parallel_size": point.tensor_parallel_size, "quantization": point.quantization or "",
+            "concurrency": point.concurrency, "rate": point.rate,
+            "input_len": float(np.mean(point.input_lens)), "output_len": float(np.mean(point.output_lens))}
+    rows = []
+    for statistic, measured in point.measured.items():
+        value = simulated.get(statistic, math.nan)
+        error = (value - measured) / measured if measured > 0 else math.nan
+        rows.append(base | {"statistic": statistic, "measured": measured, "simulated": value, "error": error})
+    return rows
+
+
+def compare_points(points: list[MeasuredPoint], profiles: dict[str, str], seed: int = 0,
+                   scheduler: Scheduler = DEFAULT_SCHEDULER) -> pl.DataFrame:
+    """Every point rerun on the profile its GPU maps to in `profiles` (else `default_profile`)."""
+    rows: list[dict[str, Any]] = []
+    for point in points:
+        if not point.gpu:
+            raise InputError(f"{point.name}: the result does not say its GPU; give --gpu")
+        rows += compare_point(point, profiles.get(point.gpu, default_profile(point.gpu)), seed, scheduler)
+    return pl.DataFrame(rows, schema=ROW_SCHEMA)
+
+
+def with_deployment(point: MeasuredPoint, gpu: str, tensor_parallel_size: int, quantization: str | None
+                    ) -> MeasuredPoint:
+    """A vLLM result's deployment, which its file does not record, from the command line."""
+    return replace(point, gpu=gpu, tensor_parallel_size=tensor_parallel_size,
+                   quantization=quantization or point.quantization)
+
+
+def summary(rows: pl.DataFrame) -> pl.DataFrame:
+    """Median |error| per statistic, over all points and per group."""
+    absolute = rows.filter(pl.col("error").is_not_nan()).with_columns(abs_error=pl.col("error").abs())
+    overall = absolute.group_by("statistic").agg(pl.lit("all").alias("group"), pl.len().alias("points"),
+                                                 pl.col("abs_error").median().alias("median_abs_error"))
+    grouped = absolute.group_by("group", "statistic").agg(pl.len().alias("points"),
+                                                          pl.col("abs_error").median().alias("median_abs_error"))
+    return pl.concat([overall.select("group", "statistic", "points", "median_abs_error"),
+                      grouped.select("group", "statistic", "points", "median_abs_error")]).sort("group", "statistic")

@@ -1,0 +1,358 @@
+"""Sweeps: the cartesian product of run settings, one Parquet row per configuration.
+
+A row holds the configuration's settings (the `RunConfig` names; `num_requests` and `duration`,
+which the summary also uses, as `setting_num_requests` and `setting_duration`), its `config_id`
+(a hash of the settings), `error` (None, or why it failed) and the summary metrics of a single
+run under the same names. Each finished row is committed as its own small Parquet file in
+`OUT.parts/`, and the `--out` file is rewritten from them atomically, so a sweep killed at any
+moment leaves a readable `--out` and a rerun of the same command runs only what is missing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import shutil
+import time
+import tomllib
+import types
+import typing
+from collections.abc import Callable
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import click
+
+from simulator.config import RunConfig, parse_goodput, parse_percentiles
+from simulator.errors import InputError
+from simulator.sweep.executors import Rows, WorkerDied, run_local, run_ray, setting_column
+
+if TYPE_CHECKING:
+    import polars as pl
+
+# Sweep-wide settings: their values are lists themselves, so they cannot be axes.
+SWEEP_WIDE = ("percentiles", "goodput")
+AXIS_NAMES = tuple(name for name in RunConfig.field_names() if name not in SWEEP_WIDE)
+FLUSH_INTERVAL = 1.0
+"""Seconds between rewrites of the --out file while rows come in (every row is committed at once)."""
+
+
+def flag(name: str) -> str:
+    return f"--{name.replace('_', '-')}"
+
+
+def _setting_types() -> dict[str, tuple[type, bool]]:
+    """Each axis setting's scalar type and whether it may be None."""
+    hints = typing.get_type_hints(RunConfig)
+    kinds = {}
+    for name in AXIS_NAMES:
+        hint = hints[name]
+        args = typing.get_args(hint) if isinstance(hint, types.UnionType) else (hint,)
+        scalar = [a for a in args if a is not type(None)]
+        assert len(scalar) == 1 and scalar[0] in (str, int, float, bool), f"{name}: {hint}"
+        kinds[name] = (scalar[0], type(None) in args)
+    return kinds
+
+
+SETTING_TYPES = _setting_types()
+BOOLEANS = {"true": True, "on": True, "yes": True, "false": False, "off": False, "no": False}
+
+
+def parse_value(name: str, value: Any) -> Any:
+    """One value of setting `name`, from command-line text or a YAML/TOML scalar."""
+    kind, optional = SETTING_TYPES[name]
+    if kind is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.strip().lower() in BOOLEANS:
+            return BOOLEANS[value.strip().lower()]
+        raise InputError(f"{flag(name)} takes true or false, got {value!r}")
+    if isinstance(value, str):
+        text = value.strip()
+        if optional and text.lower() in ("none", "null"):
+            return None
+        if kind is str:
+            return text
+        try:
+            return kind(text)
+        except ValueError:
+            raise InputError(f"{flag(name)} takes {kind.__name__} values, got {text!r}") from None
+    if value is None and optional:
+        return None
+    if kind is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    if kind is int and isinstance(value, int) and not isinstance(value, bool):
+        return value
+    raise InputError(f"{flag(name)} takes {kind.__name__} values, got {value!r}")
+
+
+def setting_name(key: str) -> str:
+    name = key.replace("-", "_").removeprefix("__")
+    if name not in RunConfig.field_names():
+        raise InputError(f"unknown setting {key!r} (a sweep takes the settings of `simulate run`)")
+    return name
+
+
+def check_name(name: str, value: Any) -> None:
+    """Refuse an unknown name (policy, model, GPU, ...) before any configuration runs, as a value of
+    the wrong type is; other settings are checked per configuration, where they meet the rest."""
+    from policies import build_policy
+    from simulator.deploy.hardware import load_gpu
+    from simulator.deploy.model import load_model
+    from simulator.fleet.routers import ROUTERS
+    from workloads import parse_length_dist
+
+    def trace_exists(path: str) -> None:
+        if not Path(path).is_file():
+            raise InputError(f"no such trace file {path!r}")
+
+    def known_router(name: str) -> None:
+        if name not in ROUTERS:
+            raise InputError(f"unknown router (choose from {', '.join(ROUTERS)})")
+
+    checks: dict[str, Callable[[Any], object]] = {
+        "policy": lambda v: build_policy(RunConfig(policy=v)), "model": load_model, "gpu": load_gpu,
+        "cost": lambda v: RunConfig(cost=v), "quantization": lambda v: RunConfig(quantization=v),
+        "kv_cache_dtype": lambda v: RunConfig(kv_cache_dtype=v),
+        "input_len_dist": parse_length_dist, "output_len_dist": parse_length_dist, "trace": trace_exists,
+        "router": known_router}
+    if name in checks and value is not None:
+        try:
+            checks[name](value)
+        except InputError as exc:
+            raise InputError(f"{flag(name)} lists {value!r}: {exc}") from None
+
+
+def read_sweep_file(path: Path, subject: str) -> pl.DataFrame:
+    """A sweep's rows; `subject` starts the error line (the quoted path, or how --out came to be read)."""
+    import polars as pl
+
+    try:
+        rows = pl.read_parquet(path)
+    except (OSError, pl.exceptions.PolarsError):
+        raise InputError(f"{subject} is not a Parquet file") from None
+    if "config_id" not in rows.columns:
+        raise InputError(f"{subject} is not a sweep file (no config_id column)")
+    return rows
+
+
+@dataclass
+class SweepSpec:
+    """The settings of a sweep: values for every setting given (one or more), the rest default."""
+
+    axes: dict[str, list[Any]]
+    percentiles: str = "50,90,99"
+    goodput: str = ""
+
+    def __post_init__(self) -> None:
+        for name, values in self.axes.items():
+            if not values:
+                raise InputError(f"{flag(name)} lists no values")
+            seen = set()
+            for value in values:
+                if value in seen:
+                    raise InputError(f"{flag(name)} lists {value!r} twice")
+                seen.add(value)
+                check_name(name, value)
+        # Validates them once for every configuration, and writes them as RunConfig.to_dict does.
+        canonical = RunConfig(percentiles=parse_percentiles(self.percentiles),
+                              goodput=parse_goodput((self.goodput,))).to_dict()
+        self.percentiles, self.goodput = canonical["percentiles"], canonical["goodput"]
+
+    def settings(self) -> list[dict[str, Any]]:
+        """Every configuration, the product of the axes in `RunConfig` field order."""
+        defaults = {f.name: f.default for f in fields(RunConfig) if f.name not in SWEEP_WIDE}
+        names = [name for name in AXIS_NAMES if name in self.axes]
+        configs = []
+        for values in itertools.product(*(self.axes[name] for name in names)):
+            configs.append(defaults | dict(zip(names, values, strict=True))
+                           | {"percentiles": self.percentiles, "goodput": self.goodput})
+        return configs
+
+    def metadata(self) -> dict[str, Any]:
+        return {"sweep": {"axes": self.axes, "percentiles": self.percentiles, "goodput": self.goodput}}
+
+
+def read_spec_file(path: Path) -> tuple[dict[str, list[Any]], dict[str, str]]:
+    """`axes:` (setting: list of values) and `fixed:` (setting: value) from YAML or TOML."""
+    import yaml
+
+    if not path.is_file():
+        raise InputError(f"--file {str(path)!r} does not exist")
+    try:
+        if path.suffix == ".toml":
+            data = tomllib.loads(path.read_text())
+        elif path.suffix in (".yaml", ".yml"):
+            data = yaml.safe_load(path.read_text()) or {}
+        else:
+            raise InputError(f"--file {str(path)!r} must be .yaml, .yml or .toml")
+    except (tomllib.TOMLDecodeError, yaml.YAMLError) as exc:
+        raise InputError(f"--file {str(path)!r} is not valid: {str(exc).splitlines()[0]}") from None
+    if not isinstance(data, dict) or set(data) - {"axes", "fixed"}:
+        raise InputError(f"--file {str(path)!r} takes only the tables 'axes' and 'fixed'")
+    for section, value in data.items():
+        if value is not None and not isinstance(value, dict):
+            raise InputError(f"'{section}' in --file {str(path)!r} must be a table of setting: value, got {value!r}")
+    if not any(data.values()):
+        raise InputError(f"--file {str(path)!r} sets nothing: give 'axes' (setting: [values]) or 'fixed'")
+    axes: dict[str, list[Any]] = {}
+    sweep_wide: dict[str, str] = {}
+    for section in ("axes", "fixed"):
+        for key, value in (data.get(section) or {}).items():
+            name = setting_name(str(key))
+            if name in SWEEP_WIDE:
+                if section == "axes":
+                    raise InputError(f"{name} applies to the whole sweep: put it under 'fixed', not 'axes'")
+                sweep_wide[name] = ",".join(f"{v}" for v in value) if isinstance(value, list) else str(value)
+            elif section == "axes":
+                if not isinstance(value, list):
+                    raise InputError(f"axis {key!r} in {str(path)!r} must be a list of values, got {value!r}")
+                axes[name] = [parse_value(name, v) for v in value]
+            else:
+                axes[name] = [parse_value(name, value)]
+    return axes, sweep_wide
+
+
+def config_id(settings: dict[str, Any]) -> str:
+    from simulator.outputs.run_folder import json_safe
+
+    return hashlib.sha256(json.dumps(json_safe(settings), sort_keys=True).encode()).hexdigest()[:16]
+
+
+class SweepStore:
+    """The --out file and the part files that commit its rows one configuration at a time."""
+
+    def __init__(self, out: Path, metadata: dict[str, Any]) -> None:
+        import polars as pl
+
+        self.out = out
+        self.parts = out.with_name(f"{out.name}.parts")
+        self.metadata = metadata
+        self.rows: dict[str, dict[str, Any]] = {}
+        if out.exists():
+            existing = read_sweep_file(out, f"--out {str(out)!r} exists and")
+            self.rows.update((row["config_id"], row) for row in existing.to_dicts())
+        if self.parts.is_dir():
+            for part in sorted(self.parts.glob("*.parquet")):
+                row = pl.read_parquet(part).to_dicts()[0]
+                self.rows[row["config_id"]] = row
+        self.last_flush = -float("inf")
+
+    def done(self, retry_failed: bool) -> set[str]:
+        return {cid for cid, row in self.rows.items() if not (retry_failed and row.get("error") is not None)}
+
+    def commit(self, row: dict[str, Any], order: dict[str, int]) -> None:
+        import polars as pl
+
+        from simulator.outputs.run_folder import write_parquet
+
+        self.parts.mkdir(parents=True, exist_ok=True)
+        write_parquet(pl.from_dicts([row], infer_schema_length=None), self.parts / f"{row['config_id']}.parquet",
+                      self.metadata)
+        self.rows[row["config_id"]] = row
+        if time.monotonic() - self.last_flush >= FLUSH_INTERVAL:
+            self.flush(order)
+
+    def flush(self, order: dict[str, int]) -> None:
+        """Rewrite --out from every committed row: this sweep's in product order, then older ones.
+
+        With no row yet (interrupted before any configuration finished) there is nothing to write:
+        a file of no rows and no columns would not be a sweep file to resume.
+        """
+        import polars as pl
+
+        from simulator.outputs.run_folder import write_parquet
+
+        if not self.rows:
+            return
+        ids = sorted(self.rows, key=lambda cid: order.get(cid, len(order)))
+        frame = pl.from_dicts([self.rows[cid] for cid in ids], infer_schema_length=None,
+                              schema_overrides=settings_schema())
+        write_parquet(frame, self.out, self.metadata)
+        self.last_flush = time.monotonic()
+
+    def drop_parts(self) -> None:
+        """Once --out holds every row the part files are redundant."""
+        shutil.rmtree(self.parts, ignore_errors=True)
+
+
+def settings_schema() -> dict[str, Any]:
+    """Settings columns keep their types in a row where every value is None (e.g. --rate none)."""
+    import polars as pl
+
+    dtypes = {str: pl.String, int: pl.Int64, float: pl.Float64, bool: pl.Boolean}
+    schema: dict[str, Any] = {setting_column(name): dtypes[kind] for name, (kind, _) in SETTING_TYPES.items()}
+    return schema | dict.fromkeys(SWEEP_WIDE, pl.String) | {"config_id": pl.String, "error": pl.String}
+
+
+@dataclass(frozen=True)
+class SweepOutcome:
+    total: int
+    skipped: int
+    ran: int
+    failed: list[tuple[str, str]]
+    """(config_id, error) of this run's failures."""
+    succeeded: int
+    """Configurations of this sweep whose row holds no error, this run's and earlier ones."""
+
+
+def run_sweep(spec: SweepSpec, out: Path, *, jobs: int = 1, executor: str = "local", address: str | None = None,
+              tables_dir: Path | None = None, retry_failed: bool = False, progress: bool = False) -> SweepOutcome:
+    """Run every configuration of `spec` not already in `out`, committing each row as it finishes.
+
+    One sweep at a time writes `out`: a second one is refused while the first holds its lock.
+    """
+    from simulator.outputs.locks import Busy, exclusive
+    from simulator.outputs.run_folder import check_writable
+
+    if out.is_dir():
+        raise InputError(f"--out {str(out)!r} is a folder; give a .parquet file")
+    if jobs < 1:
+        raise InputError(f"--jobs must be a positive number of workers, got {jobs}")
+    if address is not None and executor != "ray":
+        raise InputError(f"--address {address!r} is for --executor ray")
+    check_writable(out, "--out")
+    if tables_dir is not None:
+        check_writable(tables_dir, "--tables", inside=True)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        with exclusive(out.with_name(f".{out.name}.lock")):
+            return run_unlocked(spec, out, jobs, executor, address, tables_dir, retry_failed, progress)
+    except Busy as holder:
+        raise InputError(f"--out {str(out)!r} is being written by another sweep ({holder}); when it ends, rerun "
+                         "this command to add this sweep's rows") from None
+
+
+def run_unlocked(spec: SweepSpec, out: Path, jobs: int, executor: str, address: str | None,
+                 tables_dir: Path | None, retry_failed: bool, progress: bool) -> SweepOutcome:
+    from simulator.progress import Bar
+
+    configs = [(config_id(settings), settings) for settings in spec.settings()]
+    order = {cid: i for i, (cid, _) in enumerate(configs)}
+    store = SweepStore(out, spec.metadata())
+    done = store.done(retry_failed)
+    todo = [(cid, settings) for cid, settings in configs if cid not in done]
+    tables = str(tables_dir) if tables_dir is not None else None
+    rows: Rows = (run_ray(todo, jobs, address, tables) if executor == "ray"
+                                      else run_local(todo, jobs, tables))
+    failed = []
+    bar = Bar(len(configs), desc="sweep", unit="config", initial=len(configs) - len(todo), delay=0, enabled=progress)
+    bar.advance(bar.initial)
+    try:
+        for row in rows:
+            store.commit(row, order)
+            if row["error"] is not None:
+                failed.append((row["config_id"], row["error"]))
+            bar.advance(bar.done + 1)
+    except WorkerDied as exc:
+        raise click.ClickException(f"{exc}; the finished configurations are in {out}: rerun the same command "
+                                   "to run the rest") from None
+    finally:
+        rows.close()  # stops the workers of an interrupted sweep
+        bar.close()
+        store.flush(order)
+    store.drop_parts()
+    succeeded = sum(1 for cid in order if store.rows[cid].get("error") is None)
+    return SweepOutcome(len(configs), len(configs) - len(todo), len(todo), failed, succeeded)
