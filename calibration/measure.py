@@ -317,9 +317,8 @@ def fit_rates(tables: dict[str, pl.DataFrame], model: ModelSpec) -> dict[str, fl
     }
 
 
-def calibrate(model_name: str, out: Path, device: str, echo: Callable[[str], None] = click.echo) -> Path:
-    """Measure everything, write the profile folder `out`, and return it."""
-    check_out_dir(out)  # before minutes of measuring, and never into a folder that holds something
+def import_torch(device: str) -> Any:
+    """PyTorch, once it is known to run on `device`."""
     try:
         import torch
     except ImportError:
@@ -328,16 +327,17 @@ def calibrate(model_name: str, out: Path, device: str, echo: Callable[[str], Non
         raise InputError(f"--device {device}: PyTorch sees no CUDA GPU (use --device cpu --model tiny to try it)")
     if not (device == "cpu" or device.startswith("cuda")):
         raise InputError(f"--device must be cpu or cuda[:N], got {device!r}")
-    model = load_model(model_name)
-    grid = GPU_GRID if device.startswith("cuda") else CPU_GRID
-    torch.manual_seed(0)
-    if device == "cpu":
-        torch.set_num_threads(1)  # one thread: timings that stay put when other work shares the cores
-    began = time.perf_counter()
-    layers, timer = Layers(torch, model, device), Timer(torch, device, grid)
-    name = torch.cuda.get_device_name(torch.device(device)) if device.startswith("cuda") else platform.processor() \
-        or platform.machine()
-    echo(f"calibrating {model.name} ({model.dtype}) on {name}")
+    return torch
+
+
+def device_name(torch: Any, device: str) -> str:
+    if device.startswith("cuda"):
+        return str(torch.cuda.get_device_name(torch.device(device)))
+    return platform.processor() or platform.machine()
+
+
+def measure_operators(layers: Layers, timer: Timer, grid: Grid, echo: Callable[[str], None]) -> dict[str, pl.DataFrame]:
+    """One table per operator family, in the order the profile writes them (no collectives: one device)."""
     echo("operators:")
     tables = {
         "gemm": pl.DataFrame(gemm_rows(layers, timer, grid, echo)),
@@ -347,22 +347,30 @@ def calibrate(model_name: str, out: Path, device: str, echo: Callable[[str], Non
     }
     tables["prefill_attention"], tables["decode_attention"] = (
         pl.DataFrame(rows) for rows in attention_rows(layers, timer, grid, echo))
+    return tables
+
+
+def measure_passes(layers: Layers, timer: Timer, grid: Grid, echo: Callable[[str], None]) -> pl.DataFrame:
+    """Whole forward passes: the validation set, and last the probe that prices the per-step overhead."""
     echo("whole forward passes:")
     forward = Forward(layers)
-    validation = []
+    passes = []
     shapes = [("prefill", 1, n, n) for n in grid.validation_prefill] + [
         ("decode", b, 1, c) for b, c in grid.validation_decode]
     for kind, b, n, c in [*shapes, ("probe", grid.probe[0], 1, grid.probe[1])]:
         latency = timer(forward.step(b, n, c))
-        validation.append({"kind": kind, "batch_size": b, "new_tokens": n, "context": c, "latency": latency})
+        passes.append({"kind": kind, "batch_size": b, "new_tokens": n, "context": c, "latency": latency})
         echo(f"  {kind} batch {b}, {n} new tokens, context {c}: {latency * 1e3:.3f} ms")
-    del forward
+    return pl.DataFrame(passes)
 
-    rates = fit_rates(tables, model)
+
+def profile_meta(out: Path, torch: Any, device: str, name: str, model: ModelSpec,
+                 rates: dict[str, float]) -> dict[str, Any]:
+    """profile.json's contents, the per-step overhead not yet known (0)."""
     libraries = {"torch": str(torch.__version__)}
     if device.startswith("cuda"):
         libraries["cuda"] = str(torch.version.cuda)
-    meta: dict[str, Any] = {
+    return {
         "format": FORMAT, "name": out.name, "device": name, "memory_bytes": device_memory(torch, device),
         "datasheet_mem_bw": rates["mem_bw"], "datasheet_flops": rates["gemm_flops"], "dtype": model.dtype,
         "libraries": libraries, "date": datetime.date.today().isoformat(),
@@ -372,19 +380,25 @@ def calibrate(model_name: str, out: Path, device: str, echo: Callable[[str], Non
         "families": {family: f"measured with PyTorch {torch.__version__} on {device}" for family in TABLE_COLUMNS}
         | {"collectives": "not measured (one device)"},
     }
+
+
+def write_profile(out: Path, tables: dict[str, pl.DataFrame], passes: pl.DataFrame, meta: dict[str, Any],
+                  rates: dict[str, float]) -> None:
+    """The profile folder: operator tables, the validation passes (not the probe), roofline.json, profile.json."""
     out.mkdir(parents=True, exist_ok=True)
     for family, frame in tables.items():
         frame.select(TABLE_COLUMNS[family]).write_parquet(out / f"{family}.parquet")
-    validation_frame = pl.DataFrame(validation)
-    validation_frame.filter(pl.col("kind") != "probe").write_parquet(out / "validation.parquet")
+    passes.filter(pl.col("kind") != "probe").write_parquet(out / "validation.parquet")
     roofline = {"name": out.name, "memory_bytes": meta["memory_bytes"], "datasheet_mem_bw": rates["mem_bw"],
                 "datasheet_flops": rates["gemm_flops"], **rates, "step_overhead": 0.0, "source": meta["source"]}
     (out / "roofline.json").write_text(json.dumps(roofline, indent=2) + "\n")
     (out / "profile.json").write_text(json.dumps(meta, indent=2) + "\n")
 
-    # The per-step overhead: what one small decode pass (not in the validation set) takes beyond the
-    # sum of its measured operators.
-    probe = validation_frame.filter(pl.col("kind") == "probe").row(0, named=True)
+
+def fit_step_overhead(out: Path, model: ModelSpec, passes: pl.DataFrame, meta: dict[str, Any]) -> None:
+    """Set the profile's per-step overhead: what the probe pass takes beyond the sum of its measured
+    operators, as the profile just written prices them."""
+    probe = passes.filter(pl.col("kind") == "probe").row(0, named=True)
     shape = StepShape.from_rows([(1, probe["context"])] * probe["batch_size"])
     residual = probe["latency"] - MeasuredCost(build_tables(model, load_profile(str(out)))).step_time(shape)
     meta["step_overhead"] = max(residual, 0.0)
@@ -392,6 +406,27 @@ def calibrate(model_name: str, out: Path, device: str, echo: Callable[[str], Non
                                          f"{probe['context']} minus its operators: {residual * 1e6:.1f} us"
                                          + (" (negative, so 0)" if residual < 0 else ""))
     (out / "profile.json").write_text(json.dumps(meta, indent=2) + "\n")
+
+
+def calibrate(model_name: str, out: Path, device: str, echo: Callable[[str], None] = click.echo) -> Path:
+    """Measure everything, write the profile folder `out`, and return it."""
+    check_out_dir(out)  # before minutes of measuring, and never into a folder that holds something
+    torch = import_torch(device)
+    model = load_model(model_name)
+    grid = GPU_GRID if device.startswith("cuda") else CPU_GRID
+    torch.manual_seed(0)
+    if device == "cpu":
+        torch.set_num_threads(1)  # one thread: timings that stay put when other work shares the cores
+    began = time.perf_counter()
+    layers, timer = Layers(torch, model, device), Timer(torch, device, grid)
+    name = device_name(torch, device)
+    echo(f"calibrating {model.name} ({model.dtype}) on {name}")
+    tables = measure_operators(layers, timer, grid, echo)
+    passes = measure_passes(layers, timer, grid, echo)
+    rates = fit_rates(tables, model)
+    meta = profile_meta(out, torch, device, name, model, rates)
+    write_profile(out, tables, passes, meta, rates)
+    fit_step_overhead(out, model, passes, meta)
     echo(f"per-step overhead {meta['step_overhead'] * 1e6:.1f} us; wrote {out} in {time.perf_counter() - began:.1f} s")
     return out
 
