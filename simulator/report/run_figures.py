@@ -5,7 +5,8 @@ stalls both read, with p50/p90/p99 marked. The token times draw each sampled req
 grey while it waits for its first token, blue while it decodes, red across a stall (a gap longer
 than `STALL_FACTOR` times the run's median ITL), a diamond at the end of a row that was preempted.
 The server panels keep decode-only steps and steps with a prefill apart: in one line their batch
-sizes (~200 and ~1 in a continuous run) alternate every few steps and draw a solid block.
+sizes (in a continuous run: every running request, then the few prompts the token budget admits)
+alternate every few steps and draw a solid block.
 """
 
 from __future__ import annotations
