@@ -199,7 +199,7 @@ def prefix_cache_figure(steps: pl.DataFrame) -> go.Figure:
     return fig
 
 
-def median_gap(requests: pl.DataFrame, tokens: pl.DataFrame, itl: np.ndarray) -> float:
+def median_gap(tokens: pl.DataFrame, itl: np.ndarray) -> float:
     """The median ITL of the finished requests, or of every request's gaps when none finished."""
     from simulator.metrics.summary import inter_token_latencies
 
@@ -216,7 +216,7 @@ def run_figures(requests: pl.DataFrame, steps: pl.DataFrame, tokens: pl.DataFram
     if requests["finished"].any():
         figures["latency"] = latency_figure(requests, itl)
     if tokens is not None and itl is not None and not tokens.is_empty():
-        figures["tokens"] = token_figure(requests, tokens, median_gap(requests, tokens, itl))
+        figures["tokens"] = token_figure(requests, tokens, median_gap(tokens, itl))
     if not steps.is_empty():
         figures["server"] = server_figure(steps, kv_blocks)
     if "prefix_cache_queried_tokens" in steps.columns and steps["prefix_cache_queried_tokens"].sum():
