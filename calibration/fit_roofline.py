@@ -7,7 +7,7 @@ kernel is plainly bound by one thing, so each is an achieved rate, not a datashe
 - mem_bw: bf16 GEMMs with m <= 16 tokens and >= 32 Mi weight elements (weight streaming);
 - gemm_flops: bf16 GEMMs with m >= 2048 and n, k >= 4096 (tensor cores saturated);
 - fp8_gemm_flops, fp8_mem_bw: the same two regimes over the fp8 GEMMs (fp8 weights, bf16
-  activations); both come out below bf16's on the H100 data (710 vs 826 TFLOP/s, 1.86 vs 2.84 TB/s);
+  activations); on the H100 data both come out below bf16's;
 - attn_bw: decode attention reading >= 256 MiB of bf16 KV cache;
 - attn_flops: prefill attention doing >= 1e11 FLOPs (causal);
 - kernel_latency: bf16 GEMMs with m <= 16 and n, k <= 128 (launch and setup only);

@@ -4,10 +4,8 @@ On CUDA it builds the model's layers with random weights (no download), times ev
 over a grid of shapes with CUDA events after warm-up, times whole forward passes (prefill of a few
 lengths, decode at a few batch sizes and contexts) as a validation set, and writes a profile in the
 format of `calibration/README.md`. `--device cpu` runs the same code path on the CPU (use the
-built-in `tiny` model there: it finishes in seconds), which is how CI tests it end to end.
-
-Attention is PyTorch's scaled_dot_product_attention over a contiguous KV cache, not vLLM's paged
-kernels, and elementwise kernels are unfused PyTorch ops: the profile measures this PyTorch stack.
+built-in `tiny` model there: it finishes in seconds), which is how CI tests it end to end. The
+model in PyTorch, and how its kernels differ from vLLM's, is `calibration.torch_model`.
 
 Run: simulate calibrate --model llama-3.1-8b --out PROFILE   (or python -m calibration.measure ...)
 Needs PyTorch: pip install ".[calibrate]".
@@ -30,6 +28,7 @@ from typing import Any
 import click
 import polars as pl
 
+from calibration.torch_model import Forward, Layers, elementwise_kernels
 from simulator.cost import MeasuredCost, StepShape, build_tables, elementwise_ops
 from simulator.deploy.hardware import TABLE_COLUMNS, load_profile
 from simulator.deploy.model import ModelSpec, load_model
@@ -126,44 +125,6 @@ def rotating(make: Callable[[], tuple[Any, ...]], nbytes: int, device: str) -> C
     return lambda: copies[next(turn) % len(copies)]
 
 
-class Layers:
-    """The model's operators in PyTorch, with random weights, shared by the per-operator timings and
-    the whole forward passes so both measure the same kernels."""
-
-    def __init__(self, torch: Any, model: ModelSpec, device: str) -> None:
-        self.torch, self.model, self.device = torch, model, device
-        self.dtype = getattr(torch, model.dtype)
-        self.f = torch.nn.functional
-
-    def randn(self, *shape: int) -> Any:
-        return self.torch.randn(*shape, device=self.device, dtype=self.dtype) * 0.02
-
-    def rotary_tables(self, positions: Any) -> tuple[Any, Any]:
-        half = self.model.head_dim // 2
-        inv = 1.0 / (500000.0 ** (self.torch.arange(half, device=self.device, dtype=self.torch.float32) / half))
-        angles = positions.to(self.torch.float32)[:, None] * inv[None, :]
-        return angles.cos().to(self.dtype), angles.sin().to(self.dtype)
-
-    def add_rmsnorm(self, x: Any, residual: Any, weight: Any) -> tuple[Any, Any]:
-        residual = x + residual
-        return self.f.rms_norm(residual, (self.model.hidden_size,), weight, 1e-5), residual
-
-    def rotary(self, x: Any, cos: Any, sin: Any) -> Any:
-        """Rotate-half rotary embedding of x: [tokens, heads, head_dim]."""
-        half = self.model.head_dim // 2
-        x1, x2 = x[..., :half], x[..., half:]
-        c, s = cos[:, None, :], sin[:, None, :]
-        return self.torch.cat((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1)
-
-    def silu_mul(self, gate_up: Any) -> Any:
-        size = gate_up.shape[-1] // 2
-        return self.f.silu(gate_up[..., :size]) * gate_up[..., size:]
-
-    def attention(self, q: Any, k: Any, v: Any, causal: bool) -> Any:
-        """q: [batch, heads, queries, head_dim]; k, v: [batch, kv heads, keys, head_dim]."""
-        return self.f.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=True)
-
-
 def gemm_rows(layers: Layers, timer: Timer, grid: Grid, echo: Callable[[str], None]) -> list[dict[str, Any]]:
     model, rows = layers.model, []
     shapes = list(dict.fromkeys([*((n, k) for _, n, k in model.linear_shapes), (model.vocab_size, model.hidden_size)]))
@@ -210,29 +171,6 @@ def attention_rows(layers: Layers, timer: Timer, grid: Grid, echo: Callable[[str
     return prefill, decode
 
 
-def elementwise_kernels(layers: Layers, tokens: int) -> dict[str, Callable[[], object]]:
-    """Each elementwise op of `simulator.cost.elementwise_ops` on `tokens` tokens (sampling: sequences)."""
-    torch, model, t = layers.torch, layers.model, tokens
-    h, d = model.hidden_size, model.head_dim
-    norm_weight, table = layers.randn(h), layers.randn(model.vocab_size, h)
-    x, residual = layers.randn(t, h), layers.randn(t, h)
-    q, k = layers.randn(t, model.num_heads, d), layers.randn(t, model.num_kv_heads, d)
-    cos, sin = layers.rotary_tables(torch.arange(t, device=layers.device))
-    gate_up = layers.randn(t, 2 * model.intermediate_size)
-    cache, kv = layers.randn(2, t, model.num_kv_heads, d), layers.randn(2, t, model.num_kv_heads, d)
-    slots = torch.arange(t, device=layers.device)
-    ids = torch.randint(0, model.vocab_size, (t,), device=layers.device)
-    logits = layers.randn(t, model.vocab_size)
-    return {
-        "add_rmsnorm": lambda: layers.add_rmsnorm(x, residual, norm_weight),
-        "rotary": lambda: (layers.rotary(q, cos, sin), layers.rotary(k, cos, sin)),
-        "silu_mul": lambda: layers.silu_mul(gate_up),
-        "kv_write": lambda: cache.index_copy_(1, slots, kv),
-        "embedding": lambda: layers.f.embedding(ids, table),
-        "sampling": lambda: logits.float().argmax(-1),
-    }
-
-
 def elementwise_rows(layers: Layers, timer: Timer, grid: Grid, echo: Callable[[str], None]) -> list[dict[str, Any]]:
     unit_bytes = {op: nbytes for op, _, _, nbytes in elementwise_ops(layers.model)}
     rows = []
@@ -241,54 +179,6 @@ def elementwise_rows(layers: Layers, timer: Timer, grid: Grid, echo: Callable[[s
             rows.append({"op": op, "tokens": t, "bytes": t * unit_bytes[op], "latency": timer(fn)})
     echo(f"  elementwise: {len(rows)} shapes")
     return rows
-
-
-class Forward:
-    """Whole forward passes of the model with random weights: the validation set."""
-
-    def __init__(self, layers: Layers) -> None:
-        model = layers.model
-        self.layers, self.model = layers, model
-        self.weights = [{name: layers.randn(n, k) for name, n, k in model.linear_shapes}
-                        | {"norm1": layers.randn(model.hidden_size), "norm2": layers.randn(model.hidden_size)}
-                        for _ in range(model.num_layers)]
-        self.embedding = layers.randn(model.vocab_size, model.hidden_size)
-        self.lm_head = layers.randn(model.vocab_size, model.hidden_size)
-        self.final_norm = layers.randn(model.hidden_size)
-
-    def step(self, batch: int, new_tokens: int, context: int) -> Callable[[], object]:
-        """A pass computing `new_tokens` for each of `batch` sequences whose context (after them) is `context`."""
-        lay, model, torch = self.layers, self.model, self.layers.torch
-        device = lay.device
-        tokens, past = batch * new_tokens, context - new_tokens
-        hq, hkv, d = model.num_heads, model.num_kv_heads, model.head_dim
-        ids = torch.randint(0, model.vocab_size, (tokens,), device=device)
-        cos, sin = lay.rotary_tables(torch.arange(past, context, device=device).repeat(batch))
-        caches = [(lay.randn(batch, hkv, context, d), lay.randn(batch, hkv, context, d))
-                  for _ in range(model.num_layers)]
-        last = torch.arange(new_tokens - 1, tokens, new_tokens, device=device)
-        q_size, kv_size = hq * d, hkv * d
-
-        def run() -> object:
-            x = lay.f.embedding(ids, self.embedding)
-            residual = torch.zeros_like(x)
-            for w, (k_cache, v_cache) in zip(self.weights, caches, strict=True):
-                h, residual = lay.add_rmsnorm(x, residual, w["norm1"])
-                qkv = lay.f.linear(h, w["qkv"])
-                q = lay.rotary(qkv[:, :q_size].view(tokens, hq, d), cos, sin)
-                k = lay.rotary(qkv[:, q_size:q_size + kv_size].view(tokens, hkv, d), cos, sin)
-                v = qkv[:, q_size + kv_size:].view(tokens, hkv, d)
-                k_cache[:, :, past:] = k.view(batch, new_tokens, hkv, d).transpose(1, 2)
-                v_cache[:, :, past:] = v.view(batch, new_tokens, hkv, d).transpose(1, 2)
-                q = q.view(batch, new_tokens, hq, d).transpose(1, 2).contiguous()
-                out = lay.attention(q, k_cache, v_cache, causal=new_tokens > 1)
-                x = lay.f.linear(out.transpose(1, 2).reshape(tokens, q_size), w["attn_out"])
-                h, residual = lay.add_rmsnorm(x, residual, w["norm2"])
-                x = lay.f.linear(lay.silu_mul(lay.f.linear(h, w["gate_up"])), w["down"])
-            h, _ = lay.add_rmsnorm(x, residual, self.final_norm)
-            return lay.f.linear(h[last], self.lm_head).float().argmax(-1)
-
-        return run
 
 
 def device_memory(torch: Any, device: str) -> int:
@@ -317,9 +207,8 @@ def fit_rates(tables: dict[str, pl.DataFrame], model: ModelSpec) -> dict[str, fl
     }
 
 
-def calibrate(model_name: str, out: Path, device: str, echo: Callable[[str], None] = click.echo) -> Path:
-    """Measure everything, write the profile folder `out`, and return it."""
-    check_out_dir(out)  # before minutes of measuring, and never into a folder that holds something
+def import_torch(device: str) -> Any:
+    """PyTorch, once it is known to run on `device`."""
     try:
         import torch
     except ImportError:
@@ -328,16 +217,17 @@ def calibrate(model_name: str, out: Path, device: str, echo: Callable[[str], Non
         raise InputError(f"--device {device}: PyTorch sees no CUDA GPU (use --device cpu --model tiny to try it)")
     if not (device == "cpu" or device.startswith("cuda")):
         raise InputError(f"--device must be cpu or cuda[:N], got {device!r}")
-    model = load_model(model_name)
-    grid = GPU_GRID if device.startswith("cuda") else CPU_GRID
-    torch.manual_seed(0)
-    if device == "cpu":
-        torch.set_num_threads(1)  # one thread: timings that stay put when other work shares the cores
-    began = time.perf_counter()
-    layers, timer = Layers(torch, model, device), Timer(torch, device, grid)
-    name = torch.cuda.get_device_name(torch.device(device)) if device.startswith("cuda") else platform.processor() \
-        or platform.machine()
-    echo(f"calibrating {model.name} ({model.dtype}) on {name}")
+    return torch
+
+
+def device_name(torch: Any, device: str) -> str:
+    if device.startswith("cuda"):
+        return str(torch.cuda.get_device_name(torch.device(device)))
+    return platform.processor() or platform.machine()
+
+
+def measure_operators(layers: Layers, timer: Timer, grid: Grid, echo: Callable[[str], None]) -> dict[str, pl.DataFrame]:
+    """One table per operator family, in the order the profile writes them (no collectives: one device)."""
     echo("operators:")
     tables = {
         "gemm": pl.DataFrame(gemm_rows(layers, timer, grid, echo)),
@@ -347,22 +237,30 @@ def calibrate(model_name: str, out: Path, device: str, echo: Callable[[str], Non
     }
     tables["prefill_attention"], tables["decode_attention"] = (
         pl.DataFrame(rows) for rows in attention_rows(layers, timer, grid, echo))
+    return tables
+
+
+def measure_passes(layers: Layers, timer: Timer, grid: Grid, echo: Callable[[str], None]) -> pl.DataFrame:
+    """Whole forward passes: the validation set, and last the probe that prices the per-step overhead."""
     echo("whole forward passes:")
     forward = Forward(layers)
-    validation = []
+    passes = []
     shapes = [("prefill", 1, n, n) for n in grid.validation_prefill] + [
         ("decode", b, 1, c) for b, c in grid.validation_decode]
     for kind, b, n, c in [*shapes, ("probe", grid.probe[0], 1, grid.probe[1])]:
         latency = timer(forward.step(b, n, c))
-        validation.append({"kind": kind, "batch_size": b, "new_tokens": n, "context": c, "latency": latency})
+        passes.append({"kind": kind, "batch_size": b, "new_tokens": n, "context": c, "latency": latency})
         echo(f"  {kind} batch {b}, {n} new tokens, context {c}: {latency * 1e3:.3f} ms")
-    del forward
+    return pl.DataFrame(passes)
 
-    rates = fit_rates(tables, model)
+
+def profile_meta(out: Path, torch: Any, device: str, name: str, model: ModelSpec,
+                 rates: dict[str, float]) -> dict[str, Any]:
+    """profile.json's contents, the per-step overhead not yet known (0)."""
     libraries = {"torch": str(torch.__version__)}
     if device.startswith("cuda"):
         libraries["cuda"] = str(torch.version.cuda)
-    meta: dict[str, Any] = {
+    return {
         "format": FORMAT, "name": out.name, "device": name, "memory_bytes": device_memory(torch, device),
         "datasheet_mem_bw": rates["mem_bw"], "datasheet_flops": rates["gemm_flops"], "dtype": model.dtype,
         "libraries": libraries, "date": datetime.date.today().isoformat(),
@@ -372,19 +270,25 @@ def calibrate(model_name: str, out: Path, device: str, echo: Callable[[str], Non
         "families": {family: f"measured with PyTorch {torch.__version__} on {device}" for family in TABLE_COLUMNS}
         | {"collectives": "not measured (one device)"},
     }
+
+
+def write_profile(out: Path, tables: dict[str, pl.DataFrame], passes: pl.DataFrame, meta: dict[str, Any],
+                  rates: dict[str, float]) -> None:
+    """The profile folder: operator tables, the validation passes (not the probe), roofline.json, profile.json."""
     out.mkdir(parents=True, exist_ok=True)
     for family, frame in tables.items():
         frame.select(TABLE_COLUMNS[family]).write_parquet(out / f"{family}.parquet")
-    validation_frame = pl.DataFrame(validation)
-    validation_frame.filter(pl.col("kind") != "probe").write_parquet(out / "validation.parquet")
+    passes.filter(pl.col("kind") != "probe").write_parquet(out / "validation.parquet")
     roofline = {"name": out.name, "memory_bytes": meta["memory_bytes"], "datasheet_mem_bw": rates["mem_bw"],
                 "datasheet_flops": rates["gemm_flops"], **rates, "step_overhead": 0.0, "source": meta["source"]}
     (out / "roofline.json").write_text(json.dumps(roofline, indent=2) + "\n")
     (out / "profile.json").write_text(json.dumps(meta, indent=2) + "\n")
 
-    # The per-step overhead: what one small decode pass (not in the validation set) takes beyond the
-    # sum of its measured operators.
-    probe = validation_frame.filter(pl.col("kind") == "probe").row(0, named=True)
+
+def fit_step_overhead(out: Path, model: ModelSpec, passes: pl.DataFrame, meta: dict[str, Any]) -> None:
+    """Set the profile's per-step overhead: what the probe pass takes beyond the sum of its measured
+    operators, as the profile just written prices them."""
+    probe = passes.filter(pl.col("kind") == "probe").row(0, named=True)
     shape = StepShape.from_rows([(1, probe["context"])] * probe["batch_size"])
     residual = probe["latency"] - MeasuredCost(build_tables(model, load_profile(str(out)))).step_time(shape)
     meta["step_overhead"] = max(residual, 0.0)
@@ -392,6 +296,27 @@ def calibrate(model_name: str, out: Path, device: str, echo: Callable[[str], Non
                                          f"{probe['context']} minus its operators: {residual * 1e6:.1f} us"
                                          + (" (negative, so 0)" if residual < 0 else ""))
     (out / "profile.json").write_text(json.dumps(meta, indent=2) + "\n")
+
+
+def calibrate(model_name: str, out: Path, device: str, echo: Callable[[str], None] = click.echo) -> Path:
+    """Measure everything, write the profile folder `out`, and return it."""
+    check_out_dir(out)  # before minutes of measuring, and never into a folder that holds something
+    torch = import_torch(device)
+    model = load_model(model_name)
+    grid = GPU_GRID if device.startswith("cuda") else CPU_GRID
+    torch.manual_seed(0)
+    if device == "cpu":
+        torch.set_num_threads(1)  # one thread: timings that stay put when other work shares the cores
+    began = time.perf_counter()
+    layers, timer = Layers(torch, model, device), Timer(torch, device, grid)
+    name = device_name(torch, device)
+    echo(f"calibrating {model.name} ({model.dtype}) on {name}")
+    tables = measure_operators(layers, timer, grid, echo)
+    passes = measure_passes(layers, timer, grid, echo)
+    rates = fit_rates(tables, model)
+    meta = profile_meta(out, torch, device, name, model, rates)
+    write_profile(out, tables, passes, meta, rates)
+    fit_step_overhead(out, model, passes, meta)
     echo(f"per-step overhead {meta['step_overhead'] * 1e6:.1f} us; wrote {out} in {time.perf_counter() - began:.1f} s")
     return out
 

@@ -21,7 +21,8 @@ ROOT = Path(__file__).resolve().parents[1]
 NOT_FOR_A_RUN = ("plotly", "torch", "ray", "calibration", "calibration.measure", "calibration.validate",
                  "simulator.report", "simulator.report.page", "simulator.report.figures",
                  "simulator.report.run_figures", "simulator.sweep", "simulator.sweep.grid",
-                 "simulator.cli.sweep_command", "simulator.sweep.executors", "simulator.cli.batch_table_command")
+                 "simulator.cli.sweep_command", "simulator.sweep.executors", "simulator.cli.batch_table_command",
+                 "simulator.cli.report_command")
 
 
 def modules_after(args: list[str], cwd: Path) -> tuple[int, set[str]]:

@@ -6,6 +6,7 @@ Imported only when the verb runs or shows its help (simulator.cli.main loads ver
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
@@ -15,6 +16,11 @@ from simulator.cost import COST_MODELS
 from simulator.deploy.hardware import available_gpus
 from simulator.deploy.model import BUILTIN_MODELS
 from simulator.errors import InputError
+
+if TYPE_CHECKING:
+    from simulator.cost.batch_table import BatchTable
+    from simulator.deploy.hardware import GpuSpec
+    from simulator.deploy.model import ModelSpec
 
 
 def parse_int_list(text: str, option: str) -> list[int]:
@@ -32,6 +38,52 @@ def aligned(headers: list[str], rows: list[list[str]]) -> str:
     widths = [max(len(cell) for cell in column) for column in zip(headers, *rows, strict=True)]
     return "\n".join("".join(f"{cell:>{width + 2}}" for cell, width in zip(line, widths, strict=True))
                      for line in [headers, *rows])
+
+
+def warn_past_limits(spec: ModelSpec, table: BatchTable, sizes: list[int]) -> None:
+    """Say on stderr which rows no server could run: past the model's context, or past the KV ceiling."""
+    context = table.context
+    if context > spec.max_model_len:
+        click.echo(f"warning: --context {context} is past {spec.name}'s {spec.max_model_len}-token context: "
+                   "no request could attend to that many tokens", err=True)
+    too_big = [b for b in sizes if b > table.max_batch]
+    if too_big:
+        click.echo(f"warning: --batch {','.join(map(str, too_big))} is past the KV ceiling of {table.max_batch} "
+                   f"sequences of {context} tokens: those rows (marked *) could not run on this GPU", err=True)
+
+
+def print_table(spec: ModelSpec, hardware: GpuSpec, shard: ModelSpec, table: BatchTable, tensor_parallel_size: int,
+                gpu_memory_utilization: float) -> None:
+    """The deployment in a line, the table (with the all-reduce time under tensor parallelism), the knee
+    and the ceiling."""
+    parallel = tensor_parallel_size > 1
+    dtypes = (shard.weight_dtype or shard.dtype, shard.kv_cache_dtype or shard.dtype)
+    click.echo(f"{spec.name} on {hardware.name}, {table.context}-token contexts, decode steps"
+               + (f"; weights {dtypes[0]}, KV {dtypes[1]}" if dtypes != (shard.dtype, shard.dtype) else "")
+               + (f"; per GPU of {tensor_parallel_size} (tensor parallel)" if parallel else ""))
+    cells = [[f"{r['batch']}{'*' if r['batch'] > table.max_batch else ''}", f"{r['step_time'] * 1e3:.2f}",
+              *([f"{r['all_reduce_time'] * 1e3:.2f}"] if parallel else []),
+              f"{r['weight_bytes'] / 1e9:.2f}", f"{r['kv_bytes'] / 1e9:.2f}", f"{r['achieved_bandwidth'] / 1e9:.0f}",
+              f"{r['per_request_tokens_per_s']:.1f}", f"{r['aggregate_tokens_per_s']:.0f}"]
+             for r in table.rows.iter_rows(named=True)]
+    headers = ["batch", "step ms", *(["all-reduce ms"] if parallel else []), "weights GB", "KV GB", "GB/s",
+               "tok/s/req", "tok/s total"]
+    click.echo(aligned(headers, cells))
+    click.echo(f"knee (KV bytes = weight bytes): batch {table.knee_batch:.1f}")
+    click.echo(f"ceiling (KV cache full at --gpu-memory-utilization {gpu_memory_utilization}): "
+               f"{table.max_batch} sequences")
+
+
+def draw_table(spec: ModelSpec, hardware: GpuSpec, table: BatchTable, out: Path | None, plot: str) -> None:
+    """The table's page: at --plot's file, else beside --out, else in the results folder."""
+    from simulator.report.figures import batch_table_figure
+    from simulator.report.html import write_page
+
+    default = out.with_suffix(".html") if out else RESULTS_DIR / f"batch-table-{table.context}.html"
+    page = Path(plot) if plot else default
+    title = f"{spec.name} on {hardware.name}: decode steps at {table.context}-token contexts"
+    write_page(page, title, "", {"batch-table": batch_table_figure(table, title)})
+    click.echo(f"wrote {page}")
 
 
 @click.command("batch-table")
@@ -71,39 +123,11 @@ def batch_table_command(context: int, batches: str, model: str, gpu: str, cost: 
     capacity = kv_cache_blocks(config, spec, hardware, context) * config.block_size
     shard = gpu_shard(config, spec)
     table = batch_table(shard, build_cost_model(config, spec, hardware), context, sizes, capacity)
-    rows = table.rows
-    if context > spec.max_model_len:
-        click.echo(f"warning: --context {context} is past {spec.name}'s {spec.max_model_len}-token context: "
-                   "no request could attend to that many tokens", err=True)
-    too_big = [b for b in sizes if b > table.max_batch]
-    if too_big:
-        click.echo(f"warning: --batch {','.join(map(str, too_big))} is past the KV ceiling of {table.max_batch} "
-                   f"sequences of {context} tokens: those rows (marked *) could not run on this GPU", err=True)
-    parallel = tensor_parallel_size > 1
-    dtypes = (shard.weight_dtype or shard.dtype, shard.kv_cache_dtype or shard.dtype)
-    click.echo(f"{spec.name} on {hardware.name}, {context}-token contexts, decode steps"
-               + (f"; weights {dtypes[0]}, KV {dtypes[1]}" if dtypes != (shard.dtype, shard.dtype) else "")
-               + (f"; per GPU of {tensor_parallel_size} (tensor parallel)" if parallel else ""))
-    cells = [[f"{r['batch']}{'*' if r['batch'] > table.max_batch else ''}", f"{r['step_time'] * 1e3:.2f}",
-              *([f"{r['all_reduce_time'] * 1e3:.2f}"] if parallel else []),
-              f"{r['weight_bytes'] / 1e9:.2f}", f"{r['kv_bytes'] / 1e9:.2f}", f"{r['achieved_bandwidth'] / 1e9:.0f}",
-              f"{r['per_request_tokens_per_s']:.1f}", f"{r['aggregate_tokens_per_s']:.0f}"]
-             for r in rows.iter_rows(named=True)]
-    headers = ["batch", "step ms", *(["all-reduce ms"] if parallel else []), "weights GB", "KV GB", "GB/s",
-               "tok/s/req", "tok/s total"]
-    click.echo(aligned(headers, cells))
-    click.echo(f"knee (KV bytes = weight bytes): batch {table.knee_batch:.1f}")
-    click.echo(f"ceiling (KV cache full at --gpu-memory-utilization {gpu_memory_utilization}): "
-               f"{table.max_batch} sequences")
+    warn_past_limits(spec, table, sizes)
+    print_table(spec, hardware, shard, table, tensor_parallel_size, gpu_memory_utilization)
     if out is not None:
-        write_parquet(rows, out, {"model": spec.name, "gpu": hardware.name, "context": context,
-                                  "knee_batch": table.knee_batch, "max_batch": table.max_batch})
+        write_parquet(table.rows, out, {"model": spec.name, "gpu": hardware.name, "context": context,
+                                        "knee_batch": table.knee_batch, "max_batch": table.max_batch})
         click.echo(f"wrote {out}")
     if plot is not None:
-        from simulator.report.figures import batch_table_figure
-        from simulator.report.html import write_page
-
-        page = Path(plot) if plot else out.with_suffix(".html") if out else RESULTS_DIR / f"batch-table-{context}.html"
-        title = f"{spec.name} on {hardware.name}: decode steps at {context}-token contexts"
-        write_page(page, title, "", {"batch-table": batch_table_figure(table, title)})
-        click.echo(f"wrote {page}")
+        draw_table(spec, hardware, table, out, plot)

@@ -27,7 +27,7 @@ VERBS = {
     "sweep": "simulator.cli.sweep_command:sweep_command",
     "calibrate": "calibration.measure:calibrate_command",
     "validate": "calibration.validate:validate_command",
-    "report": "simulator.report.page:report_command",
+    "report": "simulator.cli.report_command:report_command",
     "compare": "simulator.cli.compare_command:compare_command",
     "fit": "calibration.fit_host:fit_command",
 }

@@ -17,8 +17,8 @@ import numpy as np
 
 class StepShape(NamedTuple):
     """What one forward pass computes. Context counts include the tokens computed this step. (A
-    named tuple: the engine builds one or two a step, and a tuple is built in a third of the time a
-    frozen dataclass takes.)"""
+    named tuple: the engine builds one or two a step, and a tuple is built faster than a frozen
+    dataclass.)"""
 
     num_seqs: int = 0
     decode_seqs: int = 0
@@ -50,7 +50,7 @@ class StepShape(NamedTuple):
                 prefill_tokens += new
                 prefill_context += context
                 prefill_pairs += causal_pairs(new, context)
-        # Positional (the fields in order): a named tuple built from keywords takes twice as long.
+        # Positional (the fields in order): a named tuple is built more slowly from keywords.
         return cls(decode_seqs + prefill_seqs, decode_seqs, decode_context, prefill_seqs, prefill_tokens,
                    prefill_context, prefill_pairs)
 

@@ -1,5 +1,6 @@
-"""`simulate report`: one self-contained HTML page of plotly figures for a run folder, a sweep file,
-or a `simulate compare --out` file (predicted against measured, `simulator.report.compare_figures`).
+"""The page `simulate report` writes: one self-contained HTML page of plotly figures for a run folder,
+a sweep file, or a `simulate compare --out` file (predicted against measured,
+`simulator.report.compare_figures`). The command is `simulator.cli.report_command`.
 
 A run's page opens with the verdict (kept up, OVERLOADED, too short to tell, nothing completed) and
 the summary as tables, then its figures (`simulator.report.run_figures`). A run folder is untrusted input:
@@ -12,12 +13,9 @@ from __future__ import annotations
 import html
 import json
 import re
-import webbrowser
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-
-import click
 
 from simulator.errors import InputError
 from simulator.metrics.summary import load_verdict
@@ -206,16 +204,3 @@ def write_report(source: Path, out: Path | None = None) -> Path:
         out = out or source.with_suffix(".html")
         write_page(out, f"servesim sweep {source.name}", sweep_notes(rows), figures, subject)
     return out
-
-
-@click.command("report")
-@click.argument("path", type=click.Path(path_type=Path))
-@click.option("--out", type=click.Path(path_type=Path), default=None,
-              help="HTML file [default: report.html in a run folder, FILE.html beside a sweep or compare file].")
-@click.option("--open", "open_page", is_flag=True, help="Open the page in a browser.")
-def report_command(path: Path, out: Path | None, open_page: bool) -> None:
-    """One self-contained HTML page of figures for a run folder, a sweep file or a compare file."""
-    page = write_report(path, out)
-    click.echo(f"wrote {page}")
-    if open_page:
-        webbrowser.open(page.resolve().as_uri())

@@ -5,7 +5,8 @@ stalls both read, with p50/p90/p99 marked. The token times draw each sampled req
 grey while it waits for its first token, blue while it decodes, red across a stall (a gap longer
 than `STALL_FACTOR` times the run's median ITL), a diamond at the end of a row that was preempted.
 The server panels keep decode-only steps and steps with a prefill apart: in one line their batch
-sizes (~200 and ~1 in a continuous run) alternate every few steps and draw a solid block.
+sizes (in a continuous run: every running request, then the few prompts the token budget admits)
+alternate every few steps and draw a solid block.
 """
 
 from __future__ import annotations
@@ -198,7 +199,7 @@ def prefix_cache_figure(steps: pl.DataFrame) -> go.Figure:
     return fig
 
 
-def median_gap(requests: pl.DataFrame, tokens: pl.DataFrame, itl: np.ndarray) -> float:
+def median_gap(tokens: pl.DataFrame, itl: np.ndarray) -> float:
     """The median ITL of the finished requests, or of every request's gaps when none finished."""
     from simulator.metrics.summary import inter_token_latencies
 
@@ -215,7 +216,7 @@ def run_figures(requests: pl.DataFrame, steps: pl.DataFrame, tokens: pl.DataFram
     if requests["finished"].any():
         figures["latency"] = latency_figure(requests, itl)
     if tokens is not None and itl is not None and not tokens.is_empty():
-        figures["tokens"] = token_figure(requests, tokens, median_gap(requests, tokens, itl))
+        figures["tokens"] = token_figure(requests, tokens, median_gap(tokens, itl))
     if not steps.is_empty():
         figures["server"] = server_figure(steps, kv_blocks)
     if "prefix_cache_queried_tokens" in steps.columns and steps["prefix_cache_queried_tokens"].sum():
