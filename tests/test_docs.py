@@ -25,7 +25,7 @@ def mkdocs_build(config: Path, site: Path) -> subprocess.CompletedProcess[str]:
 def test_the_site_builds_strict(tmp_path: Path) -> None:
     built = mkdocs_build(ROOT / "mkdocs.yml", tmp_path / "site")
     assert built.returncode == 0, built.stderr
-    assert (tmp_path / "site" / "index.html").is_file()
+    assert (tmp_path / "site" / "guides" / "writing-a-policy" / "index.html").is_file()
 
 
 def copy_of_the_docs(tmp_path: Path) -> tuple[Path, Path]:
