@@ -1,9 +1,12 @@
 """The documentation: the site builds under `mkdocs build --strict` (broken links and anchors, pages
-missing from the navigation and missing snippet files fail it), and every page is in the navigation."""
+missing from the navigation and missing snippet files fail it), every page is in the navigation, and
+the README stays a short guide whose links resolve and whose quickstart prints what it shows."""
 
 from __future__ import annotations
 
 import os
+import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -13,6 +16,14 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
+README = ROOT / "README.md"
+# The README's two commands, word for word: install and simulate, then the whole test suite.
+COMMANDS = [
+    "python3.11 -m venv .venv && . .venv/bin/activate && pip install . && simulate --policy continuous --rate 12",
+    'python3.11 -m venv .venv && . .venv/bin/activate && pip install ".[test]" && { pip install "torch==2.13.0+cpu" '
+    '|| pip install "torch==2.13.0+cpu" --index-url https://download.pytorch.org/whl/cpu; } && python -m pytest',
+]
+MAX_README_LINES = 200
 
 
 def mkdocs_build(config: Path, site: Path) -> subprocess.CompletedProcess[str]:
@@ -82,3 +93,66 @@ def test_every_page_is_in_the_navigation_and_every_nav_entry_is_a_page() -> None
     pages = sorted(str(path.relative_to(DOCS)) for path in DOCS.rglob("*.md"))
     assert len(nav) == len(set(nav)), "a page is in the nav twice"
     assert sorted(nav) == pages
+
+
+def code_lines(markdown: str) -> list[str]:
+    """The lines inside fenced code blocks, in order."""
+    lines, inside = [], False
+    for line in markdown.splitlines():
+        if line.startswith("```"):
+            inside = not inside
+        elif inside:
+            lines.append(line)
+    return lines
+
+
+def test_the_readme_is_a_short_guide_that_opens_with_the_two_commands() -> None:
+    text = README.read_text()
+    assert len(text.splitlines()) <= MAX_README_LINES
+    assert code_lines(text)[:2] == COMMANDS
+
+
+def relative_links(markdown: str) -> list[str]:
+    targets = re.findall(r"\]\(([^)\s]+)\)", markdown) + re.findall(r"^\[[^]]+\]:\s*(\S+)", markdown, re.M)
+    return [target for target in targets if not re.match(r"[a-z]+:|#", target)]
+
+
+def test_every_relative_link_in_the_readme_points_at_a_file() -> None:
+    links = relative_links(README.read_text())
+    assert links, "the README links to no page of the docs"
+    missing = [link for link in links if not (ROOT / link.split("#")[0]).exists()]
+    assert not missing
+
+
+def quickstart(markdown: str) -> list[tuple[str, list[str]]]:
+    """The quickstart's console lines: each `$ command` with the output lines shown after it."""
+    section = markdown[markdown.index("## Quickstart"):]
+    section = section[:section.find("\n## ", 1)]
+    runs: list[tuple[str, list[str]]] = []
+    for line in code_lines(section):
+        if line.startswith("$ "):
+            runs.append((line[2:], []))
+        else:
+            runs[-1][1].append(line.rstrip())
+    return runs
+
+
+def test_the_readme_quickstart_prints_what_it_shows(tmp_path: Path) -> None:
+    """Each command runs in a fresh folder, in order; every line shown must be printed, in that order
+    ("..." alone stands for lines left out, and a line ending in " ..." for the rest of that line)."""
+    runs = quickstart(README.read_text())
+    assert len(runs) >= 3
+    simulate = Path(sys.executable).with_name("simulate")
+    for command, shown in runs:
+        words = shlex.split(command)
+        assert words[0] == "simulate", command
+        done = subprocess.run([str(simulate), *words[1:]], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, (command, done.stderr)
+        printed = iter(line.rstrip() for line in (done.stdout + done.stderr).splitlines())
+        for line in shown:
+            if line == "...":
+                continue
+            if line.endswith(" ..."):
+                assert any(out.startswith(line[:-4]) for out in printed), (command, line)
+            else:
+                assert any(out == line for out in printed), (command, line)
