@@ -189,9 +189,9 @@ def test_help_gives_every_option_a_text_and_its_default(capsys: pytest.CaptureFi
     assert main.get_command(click.Context(main), "run") is run_command
 
 
-def test_the_readme_lists_every_vllm_name() -> None:
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    table = readme[readme.index("### vLLM's names"):]
+def test_the_docs_list_every_vllm_name() -> None:
+    page = (Path(__file__).resolve().parents[1] / "docs" / "cli.md").read_text()
+    table = page[page.index("## vLLM's names"):]
     aliases = [alias for option in run_command.params for alias in option.opts[1:]]
     vllm_only = ["--random-range-ratio", "--enable-chunked-prefill", "--max-model-len", "--percentile-metrics",
                  "--save-result", "--save-detailed", "--result-dir", "--result-filename"]
