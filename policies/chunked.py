@@ -11,9 +11,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from simulator.config import RunConfig
+from policies.settings import RunSettings
 from simulator.engine.request import Request
 from simulator.engine.step import Scheduling, Step, View
+
+SETTINGS = ("max_num_batched_tokens", "long_prefill_token_threshold")
 
 
 @dataclass(frozen=True)
@@ -76,6 +78,6 @@ class ChunkedPrefill:
             num_seqs += 1
 
 
-def build(config: RunConfig) -> ChunkedPrefill:
-    return ChunkedPrefill(config.max_num_seqs, config.max_num_batched_tokens,
-                          config.long_prefill_token_threshold)
+def build(settings: RunSettings) -> ChunkedPrefill:
+    return ChunkedPrefill(settings.max_num_seqs, settings.max_num_batched_tokens,
+                          settings.long_prefill_token_threshold)

@@ -2,6 +2,8 @@
 
 Names follow vLLM (`max_num_seqs`, `max_num_batched_tokens`, ...) and `vllm bench serve` where
 they have one. The same object drives the CLI, sweeps and the metadata attached to every output.
+Which settings a policy reads, and what it refuses, its module says: the config asks the registry
+(`policies`) and never names a policy.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ import math
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
+from policies import POLICIES, build_policy
 from simulator.deploy.model import KV_CACHE_DTYPES, QUANTIZATIONS
 from simulator.errors import InputError
 from simulator.fleet.routers import ROUTERS
@@ -19,14 +22,6 @@ GOODPUT_METRICS = ("ttft", "tpot", "e2el")
 # Settings that shape a synthetic workload; a trace replays its own arrivals and lengths instead.
 SYNTHETIC_SETTINGS = ("rate", "burstiness", "concurrency", "duration", "input_len", "output_len", "input_len_dist",
                       "output_len_dist", "prefix_len", "num_prefixes", "num_turns", "think_time")
-# Scheduler settings and the policies that read them.
-POLICY_SETTINGS: dict[str, tuple[str, ...]] = {
-    "max_num_batched_tokens": ("continuous", "chunked", "priority"),
-    "long_prefill_token_threshold": ("chunked", "priority"),
-    "priority_levels": ("priority",),
-    "max_batch_size": ("static",),
-    "max_queue_delay": ("static",),
-}
 
 
 def flag(name: str) -> str:
@@ -126,10 +121,6 @@ class RunConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise InputError(f"--{name.replace('_', '-')} must be a positive integer, got {value!r}")
-        if self.policy != "static" and self.max_num_batched_tokens < self.max_num_seqs:
-            # vLLM refuses this too: a decode step of every running sequence would break the budget.
-            raise InputError(f"--max-num-batched-tokens {self.max_num_batched_tokens} must be >= --max-num-seqs "
-                             f"{self.max_num_seqs}")
         if self.max_model_len is not None and self.max_model_len < 1:
             raise InputError(f"--max-model-len must be a positive number of tokens, got {self.max_model_len}")
         if self.num_gpu_blocks_override is not None and self.num_gpu_blocks_override < 1:
@@ -167,9 +158,7 @@ class RunConfig:
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
             raise InputError(f"--seed must be an integer >= 0, got {self.seed!r}")
         check_fleet(self)
-        if self.prefill_replicas is not None and self.policy == "static":
-            raise InputError("--prefill-replicas: the static policy's padded batches cannot take requests prefilled "
-                             "on another server (use --policy continuous, chunked or priority)")
+        build_policy(self)  # the policy's name, and what that policy refuses of these settings
         self._check_workload_source()
         if self.trace is None:
             self._check_synthetic_workload()
@@ -227,9 +216,10 @@ class RunConfig:
                 raise InputError(f"{flag(name)}: {exc}") from None
 
     def unused_settings(self) -> list[str]:
-        """Scheduler settings moved from their default that this policy never reads."""
-        return [name for name, readers in POLICY_SETTINGS.items()
-                if self.policy in KNOWN_POLICIES and self.policy not in readers
+        """Settings moved from their default that some policy reads (its `SETTINGS`) but this run's never does."""
+        policy_settings = {name for module in POLICIES.values() for name in module.SETTINGS}
+        read = POLICIES[self.policy].SETTINGS
+        return [name for name in self.field_names() if name in policy_settings and name not in read
                 and getattr(self, name) != DEFAULTS[name]]
 
     def to_dict(self) -> dict[str, Any]:
@@ -245,7 +235,6 @@ class RunConfig:
 
 
 DEFAULTS: dict[str, Any] = {f.name: f.default for f in fields(RunConfig)}
-KNOWN_POLICIES = {policy for readers in POLICY_SETTINGS.values() for policy in readers}
 
 
 def parse_percentiles(text: str) -> tuple[float, ...]:
