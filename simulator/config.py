@@ -38,7 +38,7 @@ class RunConfig:
     gpu: str = "h100_sxm"
     cost: str = "roofline"
     """Step-time model: the `roofline` over the profile's fitted rates, or its `measured` kernel tables
-    (not the default: on the H100 it runs 11% under the chapter's batch-128 decode step)."""
+    (not the default: its decode steps come out shorter than the chapter's measured ones)."""
     tensor_parallel_size: int = 1
     """GPUs the model is split across (vLLM's tensor parallelism); sizes and times are per GPU."""
     quantization: str | None = None
@@ -47,8 +47,8 @@ class RunConfig:
     """`auto` (the model's dtype) or `fp8`: the KV cache's element type."""
     # Scheduler: vLLM serve's defaults on an H100-class GPU (1024 sequences, 8192 batched tokens).
     # vLLM without chunked prefill raises the budget to the model's context length (131072 for
-    # Llama-3.1-8B) and reserves activation memory for a step that large, about 15 GB here; the
-    # continuous policy keeps 8192 so both iteration-level policies run on the same memory.
+    # Llama-3.1-8B) and reserves activation memory for a step that large; the continuous policy
+    # keeps 8192 so that every iteration-level policy runs on the same memory.
     max_num_seqs: int = 1024
     max_num_batched_tokens: int = 8192
     long_prefill_token_threshold: int = 0
