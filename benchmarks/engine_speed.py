@@ -128,7 +128,7 @@ def register_copy(module: str, name: str) -> None:
     copy = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = copy
     spec.loader.exec_module(copy)
-    policies.POLICIES[name] = copy.build
+    policies.POLICIES[name] = copy
 
 
 def one_case(case: str, n: int, baseline: bool) -> list[str]:

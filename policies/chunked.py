@@ -2,18 +2,20 @@
 
 Running requests go first, in admission order: a decoder takes 1 token, an unfinished prompt its
 next chunk (capped by `long_prefill_token_threshold` when set). Waiting requests then fill what is
-left in queue order, the last one chunked; admission stops at `max_num_seqs` or at the first request
-that does not fit in free KV.
+left in admission order (`admission_order`: the queue's, unless a subclass says otherwise), the last
+one chunked; admission stops at `max_num_seqs` or at the first request that does not fit in free KV.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from simulator.config import RunConfig
+from policies.settings import RunSettings
 from simulator.engine.request import Request
 from simulator.engine.step import Scheduling, Step, View
+
+SETTINGS = ("max_num_batched_tokens", "long_prefill_token_threshold")
 
 
 @dataclass(frozen=True)
@@ -62,8 +64,12 @@ class ChunkedPrefill:
     def check_prompts(self, prompt_tokens: Sequence[int]) -> None:
         """Chunks fit any prompt into the budget."""
 
+    def admission_order(self, view: View) -> Iterable[Request]:
+        """The waiting requests in the order they are admitted: the waiting queue's (its `scheduling`)."""
+        return view.waiting
+
     def _admit(self, view: View, tokens: dict[Request, int], budget: int, free_blocks: int, num_seqs: int) -> None:
-        for request in view.waiting:
+        for request in self.admission_order(view):
             if budget == 0 or num_seqs >= self.max_num_seqs:
                 break
             n = self._chunk(request, budget)
@@ -76,6 +82,6 @@ class ChunkedPrefill:
             num_seqs += 1
 
 
-def build(config: RunConfig) -> ChunkedPrefill:
-    return ChunkedPrefill(config.max_num_seqs, config.max_num_batched_tokens,
-                          config.long_prefill_token_threshold)
+def build(settings: RunSettings) -> ChunkedPrefill:
+    return ChunkedPrefill(settings.max_num_seqs, settings.max_num_batched_tokens,
+                          settings.long_prefill_token_threshold)

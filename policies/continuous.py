@@ -12,10 +12,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from simulator.config import RunConfig
+from policies.settings import RunSettings
 from simulator.engine.request import Request
 from simulator.engine.step import Scheduling, Step, View
 from simulator.errors import InputError
+
+SETTINGS = ("max_num_batched_tokens",)
 
 
 @dataclass(frozen=True)
@@ -84,5 +86,5 @@ class ContinuousBatching:
                              "never be scheduled (use --policy chunked, or raise --max-num-batched-tokens)")
 
 
-def build(config: RunConfig) -> ContinuousBatching:
-    return ContinuousBatching(config.max_num_seqs, config.max_num_batched_tokens)
+def build(settings: RunSettings) -> ContinuousBatching:
+    return ContinuousBatching(settings.max_num_seqs, settings.max_num_batched_tokens)

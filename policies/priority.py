@@ -7,16 +7,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from policies.chunked import ChunkedPrefill
-from simulator.config import RunConfig
+from policies import chunked
+from policies.settings import RunSettings
 from simulator.engine.step import Scheduling
+
+SETTINGS = (*chunked.SETTINGS, "priority_levels")
+"""`priority_levels` too: the workload is drawn with that many priorities, which only this policy orders by."""
 
 
 @dataclass(frozen=True)
-class PriorityScheduling(ChunkedPrefill):
+class PriorityScheduling(chunked.ChunkedPrefill):
     scheduling: Scheduling = "priority"
 
 
-def build(config: RunConfig) -> PriorityScheduling:
-    return PriorityScheduling(config.max_num_seqs, config.max_num_batched_tokens,
-                              config.long_prefill_token_threshold)
+def build(settings: RunSettings) -> PriorityScheduling:
+    return PriorityScheduling(settings.max_num_seqs, settings.max_num_batched_tokens,
+                              settings.long_prefill_token_threshold)

@@ -12,9 +12,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from simulator.config import RunConfig
+from policies.settings import RunSettings
 from simulator.engine.request import Request
 from simulator.engine.step import PaddedBatch, Scheduling, Step, View
+from simulator.errors import InputError
+
+SETTINGS = ("max_batch_size", "max_queue_delay")
 
 
 @dataclass(frozen=True)
@@ -55,5 +58,8 @@ class StaticBatching:
         """A batch of one fits any prompt the KV cache holds."""
 
 
-def build(config: RunConfig) -> StaticBatching:
-    return StaticBatching(config.max_batch_size, config.max_queue_delay)
+def build(settings: RunSettings) -> StaticBatching:
+    if settings.prefill_replicas is not None:
+        raise InputError("--prefill-replicas: the static policy's padded batches cannot take requests prefilled "
+                         "on another server (use --policy continuous, chunked or priority)")
+    return StaticBatching(settings.max_batch_size, settings.max_queue_delay)

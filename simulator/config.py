@@ -2,6 +2,8 @@
 
 Names follow vLLM (`max_num_seqs`, `max_num_batched_tokens`, ...) and `vllm bench serve` where
 they have one. The same object drives the CLI, sweeps and the metadata attached to every output.
+Which settings a policy reads, and what it refuses, its module says: the config asks the registry
+(`policies`) and never names a policy.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ import math
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
+from policies import POLICIES, build_policy
 from simulator.deploy.model import KV_CACHE_DTYPES, QUANTIZATIONS
 from simulator.errors import InputError
 from simulator.fleet.routers import ROUTERS
@@ -19,14 +22,6 @@ GOODPUT_METRICS = ("ttft", "tpot", "e2el")
 # Settings that shape a synthetic workload; a trace replays its own arrivals and lengths instead.
 SYNTHETIC_SETTINGS = ("rate", "burstiness", "concurrency", "duration", "input_len", "output_len", "input_len_dist",
                       "output_len_dist", "prefix_len", "num_prefixes", "num_turns", "think_time")
-# Scheduler settings and the policies that read them.
-POLICY_SETTINGS: dict[str, tuple[str, ...]] = {
-    "max_num_batched_tokens": ("continuous", "chunked", "priority"),
-    "long_prefill_token_threshold": ("chunked", "priority"),
-    "priority_levels": ("priority",),
-    "max_batch_size": ("static",),
-    "max_queue_delay": ("static",),
-}
 
 
 def flag(name: str) -> str:
@@ -43,7 +38,7 @@ class RunConfig:
     gpu: str = "h100_sxm"
     cost: str = "roofline"
     """Step-time model: the `roofline` over the profile's fitted rates, or its `measured` kernel tables
-    (not the default: on the H100 it runs 11% under the chapter's batch-128 decode step)."""
+    (not the default: its decode steps come out shorter than the chapter's measured ones)."""
     tensor_parallel_size: int = 1
     """GPUs the model is split across (vLLM's tensor parallelism); sizes and times are per GPU."""
     quantization: str | None = None
@@ -52,8 +47,8 @@ class RunConfig:
     """`auto` (the model's dtype) or `fp8`: the KV cache's element type."""
     # Scheduler: vLLM serve's defaults on an H100-class GPU (1024 sequences, 8192 batched tokens).
     # vLLM without chunked prefill raises the budget to the model's context length (131072 for
-    # Llama-3.1-8B) and reserves activation memory for a step that large, about 15 GB here; the
-    # continuous policy keeps 8192 so both iteration-level policies run on the same memory.
+    # Llama-3.1-8B) and reserves activation memory for a step that large; the continuous policy
+    # keeps 8192 so that every iteration-level policy runs on the same memory.
     max_num_seqs: int = 1024
     max_num_batched_tokens: int = 8192
     long_prefill_token_threshold: int = 0
@@ -112,6 +107,19 @@ class RunConfig:
     """SLOs as (metric, seconds), metric one of ttft, tpot, e2el."""
 
     def __post_init__(self) -> None:
+        self._check_choices()
+        self._check_server()
+        self._check_load()
+        self._check_prefixes_and_turns()
+        self._check_bounds()
+        check_fleet(self)
+        build_policy(self)  # the policy's name, and what that policy refuses of these settings
+        self._check_workload_source()
+        if self.trace is None:
+            self._check_synthetic_workload()
+        self._check_metrics()
+
+    def _check_choices(self) -> None:
         if self.cost not in ("measured", "roofline"):
             raise InputError(f"unknown --cost {self.cost!r} (choose from measured, roofline)")
         if self.quantization not in (None, *QUANTIZATIONS):
@@ -120,16 +128,12 @@ class RunConfig:
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
             raise InputError(f"unknown --kv-cache-dtype {self.kv_cache_dtype!r} "
                              f"(choose from {', '.join(KV_CACHE_DTYPES)})")
-        positive_ints = ("tensor_parallel_size", "max_num_seqs", "max_num_batched_tokens", "max_batch_size",
-                         "block_size", "input_len", "output_len")
-        for name in positive_ints:
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise InputError(f"--{name.replace('_', '-')} must be a positive integer, got {value!r}")
-        if self.policy != "static" and self.max_num_batched_tokens < self.max_num_seqs:
-            # vLLM refuses this too: a decode step of every running sequence would break the budget.
-            raise InputError(f"--max-num-batched-tokens {self.max_num_batched_tokens} must be >= --max-num-seqs "
-                             f"{self.max_num_seqs}")
+
+    def _check_server(self) -> None:
+        """The server's sizes and the scheduler's limits (and the synthetic lengths, positive like them)."""
+        for name in ("tensor_parallel_size", "max_num_seqs", "max_num_batched_tokens", "max_batch_size",
+                     "block_size", "input_len", "output_len"):
+            check_integer(name, getattr(self, name))
         if self.max_model_len is not None and self.max_model_len < 1:
             raise InputError(f"--max-model-len must be a positive number of tokens, got {self.max_model_len}")
         if self.num_gpu_blocks_override is not None and self.num_gpu_blocks_override < 1:
@@ -138,6 +142,9 @@ class RunConfig:
             raise InputError(f"--long-prefill-token-threshold must be >= 0, got {self.long_prefill_token_threshold}")
         if not (self.max_queue_delay >= 0 and math.isfinite(self.max_queue_delay)):
             raise InputError(f"--max-queue-delay must be a finite number of seconds >= 0, got {self.max_queue_delay}")
+
+    def _check_load(self) -> None:
+        """An open loop's rate or a closed loop's clients, and the priorities drawn for them."""
         if self.rate is not None and not self.rate > 0:
             raise InputError(f"--rate must be > 0 requests/s (or inf), got {self.rate}")
         if self.rate is not None and self.concurrency is not None:
@@ -146,48 +153,27 @@ class RunConfig:
             raise InputError(f"--concurrency must be a positive number of clients, got {self.concurrency}")
         if self.priority_levels is not None and self.priority_levels < 1:
             raise InputError(f"--priority-levels must be a positive integer, got {self.priority_levels}")
-        if isinstance(self.prefix_len, bool) or not isinstance(self.prefix_len, int) or self.prefix_len < 0:
-            raise InputError(f"--prefix-len must be an integer >= 0 tokens, got {self.prefix_len!r}")
-        if isinstance(self.num_prefixes, bool) or not isinstance(self.num_prefixes, int) or self.num_prefixes < 1:
-            raise InputError(f"--num-prefixes must be a positive integer, got {self.num_prefixes!r}")
+
+    def _check_prefixes_and_turns(self) -> None:
+        check_integer("prefix_len", self.prefix_len, minimum=0, unit=" tokens")
+        check_integer("num_prefixes", self.num_prefixes)
         if self.num_prefixes != 1 and not self.prefix_len:
             raise InputError(f"--num-prefixes {self.num_prefixes} needs --prefix-len (the shared prefixes' length)")
-        if isinstance(self.num_turns, bool) or not isinstance(self.num_turns, int) or self.num_turns < 1:
-            raise InputError(f"--num-turns must be a positive integer, got {self.num_turns!r}")
+        check_integer("num_turns", self.num_turns)
         if not (0 <= self.think_time < math.inf):
             raise InputError(f"--think-time must be a finite number of seconds >= 0, got {self.think_time}")
         if self.think_time and self.num_turns == 1:
             raise InputError(f"--think-time {self.think_time:g} needs --num-turns above 1 (the time between turns)")
         if self.num_turns > 1 and self.duration is not None:
             raise InputError("--num-turns counts --num-requests requests; it does not take --duration")
+
+    def _check_bounds(self) -> None:
+        """How many requests, how long the clock runs, and the seed."""
         if self.num_requests is not None and self.num_requests < 1:
             raise InputError(f"--num-requests must be positive, got {self.num_requests}")
         if self.time_limit is not None and not self.time_limit > 0:
             raise InputError(f"--time-limit must be > 0 seconds, got {self.time_limit}")
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
-            raise InputError(f"--seed must be an integer >= 0, got {self.seed!r}")
-        check_fleet(self)
-        if self.prefill_replicas is not None and self.policy == "static":
-            raise InputError("--prefill-replicas: the static policy's padded batches cannot take requests prefilled "
-                             "on another server (use --policy continuous, chunked or priority)")
-        self._check_workload_source()
-        if self.trace is None:
-            self._check_synthetic_workload()
-        if self.duration is not None and self.num_requests is not None and self.trace is None:
-            # Both would cap the count and the lower would silently win.
-            raise InputError(f"give --num-requests ({self.num_requests}) or --duration ({self.duration:g} s), not both")
-        for i, q in enumerate(self.percentiles):
-            if not 0 <= q <= 100:
-                raise InputError(f"--percentiles {q:g} is outside [0, 100]")
-            if q in self.percentiles[:i]:
-                raise InputError(f"--percentiles lists {q:g} twice")
-        for i, (metric, limit) in enumerate(self.goodput):
-            if metric not in GOODPUT_METRICS:
-                raise InputError(f"unknown --goodput metric {metric!r} (choose from {', '.join(GOODPUT_METRICS)})")
-            if not limit > 0:
-                raise InputError(f"--goodput {metric}:{limit * 1e3:g} ms must be > 0")
-            if metric in (m for m, _ in self.goodput[:i]):
-                raise InputError(f"--goodput gives an SLO for {metric} twice")
+        check_integer("seed", self.seed, minimum=0)
 
     def _check_workload_source(self) -> None:
         """Refuse what would be recorded as applied without having been: a synthetic workload's
@@ -225,11 +211,29 @@ class RunConfig:
                 parse_length_dist(getattr(self, name))
             except InputError as exc:
                 raise InputError(f"{flag(name)}: {exc}") from None
+        if self.duration is not None and self.num_requests is not None:
+            # Both would cap the count and the lower would silently win.
+            raise InputError(f"give --num-requests ({self.num_requests}) or --duration ({self.duration:g} s), not both")
+
+    def _check_metrics(self) -> None:
+        for i, q in enumerate(self.percentiles):
+            if not 0 <= q <= 100:
+                raise InputError(f"--percentiles {q:g} is outside [0, 100]")
+            if q in self.percentiles[:i]:
+                raise InputError(f"--percentiles lists {q:g} twice")
+        for i, (metric, limit) in enumerate(self.goodput):
+            if metric not in GOODPUT_METRICS:
+                raise InputError(f"unknown --goodput metric {metric!r} (choose from {', '.join(GOODPUT_METRICS)})")
+            if not limit > 0:
+                raise InputError(f"--goodput {metric}:{limit * 1e3:g} ms must be > 0")
+            if metric in (m for m, _ in self.goodput[:i]):
+                raise InputError(f"--goodput gives an SLO for {metric} twice")
 
     def unused_settings(self) -> list[str]:
-        """Scheduler settings moved from their default that this policy never reads."""
-        return [name for name, readers in POLICY_SETTINGS.items()
-                if self.policy in KNOWN_POLICIES and self.policy not in readers
+        """Settings moved from their default that some policy reads (its `SETTINGS`) but this run's never does."""
+        policy_settings = {name for module in POLICIES.values() for name in module.SETTINGS}
+        read = POLICIES[self.policy].SETTINGS
+        return [name for name in self.field_names() if name in policy_settings and name not in read
                 and getattr(self, name) != DEFAULTS[name]]
 
     def to_dict(self) -> dict[str, Any]:
@@ -245,7 +249,13 @@ class RunConfig:
 
 
 DEFAULTS: dict[str, Any] = {f.name: f.default for f in fields(RunConfig)}
-KNOWN_POLICIES = {policy for readers in POLICY_SETTINGS.values() for policy in readers}
+
+
+def check_integer(name: str, value: object, minimum: int = 1, unit: str = "") -> None:
+    """Refuse a value of setting `name` that is not an int (a bool is not one) of at least `minimum`."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        wanted = "a positive integer" if minimum == 1 else f"an integer >= {minimum}{unit}"
+        raise InputError(f"{flag(name)} must be {wanted}, got {value!r}")
 
 
 def parse_percentiles(text: str) -> tuple[float, ...]:
@@ -274,10 +284,6 @@ POOL_SETTINGS = ("prefill_tensor_parallel_size", "decode_tensor_parallel_size", 
 """Settings that apply only to prefill/decode pools."""
 
 
-def _positive_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
-
-
 def disaggregated(config: RunConfig) -> bool:
     return config.prefill_replicas is not None
 
@@ -288,14 +294,13 @@ def is_fleet(config: RunConfig) -> bool:
 
 
 def check_fleet(config: RunConfig) -> None:
-    if not _positive_int(config.num_replicas):
-        raise InputError(f"--num-replicas must be a positive integer, got {config.num_replicas!r}")
+    check_integer("num_replicas", config.num_replicas)
     if config.router not in ROUTERS:
         raise InputError(f"unknown --router {config.router!r} (choose from {', '.join(ROUTERS)})")
-    pools = {"prefill_replicas": config.prefill_replicas, "decode_replicas": config.decode_replicas}
-    for name, value in pools.items():
-        if value is not None and not _positive_int(value):
-            raise InputError(f"--{name.replace('_', '-')} must be a positive integer, got {value!r}")
+    for name in ("prefill_replicas", "decode_replicas"):
+        value = getattr(config, name)
+        if value is not None:
+            check_integer(name, value)
     if (config.prefill_replicas is None) != (config.decode_replicas is None):
         given = "--prefill-replicas" if config.prefill_replicas is not None else "--decode-replicas"
         raise InputError(f"{given} needs both --prefill-replicas and --decode-replicas (the two pools' sizes)")
@@ -313,8 +318,8 @@ def check_fleet(config: RunConfig) -> None:
                          "are sized by --prefill-replicas and --decode-replicas")
     for name in ("prefill_tensor_parallel_size", "decode_tensor_parallel_size"):
         value = getattr(config, name)
-        if value is not None and not _positive_int(value):
-            raise InputError(f"--{name.replace('_', '-')} must be a positive integer, got {value!r}")
+        if value is not None:
+            check_integer(name, value)
     bandwidth, latency = config.kv_transfer_bandwidth, config.kv_transfer_latency
     if bandwidth is not None and not (0 < bandwidth < math.inf):
         raise InputError(f"--kv-transfer-bandwidth must be a finite number of GB/s > 0, got {bandwidth}")

@@ -38,7 +38,7 @@ def load_copy(module: str, name: str) -> object:
 @pytest.mark.parametrize("module", ["chunked", "continuous", "static", "priority"])
 def test_a_copied_policy_module_gives_identical_tables(module: str, monkeypatch: pytest.MonkeyPatch) -> None:
     copy = load_copy(module, f"copied_{module}")
-    monkeypatch.setitem(policies.POLICIES, "copy", copy.build)  # type: ignore[attr-defined]
+    monkeypatch.setitem(policies.POLICIES, "copy", copy)  # type: ignore[arg-type]
     config = RunConfig(policy=module, rate=14.0, num_requests=300, input_len_dist="uniform", priority_levels=3)
     built_in = build_tables(simulate(config))
     copied = build_tables(simulate(RunConfig(**{**config.__dict__, "policy": "copy"})))
@@ -49,7 +49,7 @@ def test_a_copied_policy_module_gives_identical_tables(module: str, monkeypatch:
 def test_policies_decide_every_run(monkeypatch: pytest.MonkeyPatch) -> None:
     """A policy that raises makes the run fail: nothing schedules behind the policy's back."""
     for name in ("chunked", "continuous", "static", "priority"):
-        policy_type = type(policies.POLICIES[name](RunConfig()))
+        policy_type = type(policies.build_policy(RunConfig(policy=name)))
 
         def broken(self: object, view: object) -> None:
             raise RuntimeError("policy called")

@@ -13,7 +13,7 @@ from typing import Any
 import click
 from click.core import ParameterSource
 
-from policies import POLICIES
+from policies import ENABLE_CHUNKED_PREFILL, POLICIES, readers
 from simulator.cli.options import RESULTS_DIR, deployment_options, setting
 from simulator.config import DEFAULTS, GOODPUT_METRICS, RunConfig, flag, parse_goodput, parse_percentiles
 from simulator.cost import COST_MODELS
@@ -78,6 +78,10 @@ def format_summary(summary: dict[str, Any], config: RunConfig, metrics: tuple[st
     return "\n".join(lines)
 
 
+def read_by(setting: str) -> str:
+    """The policies that read `setting`, as its help starts."""
+    return ", ".join(readers(setting))
+
 
 @click.command("run")
 @setting("policy", type=click.Choice(list(POLICIES)), help="Scheduling policy.")
@@ -113,15 +117,18 @@ def format_summary(summary: dict[str, Any], config: RunConfig, metrics: tuple[st
          "conversation so far and a new --input-len question (--rate then counts sessions).")
 @setting("think_time", type=float, help="Seconds between a turn's answer and the session's next turn.")
 @setting("seed", type=int, help="Seed of arrivals and lengths; a seed always gives the same run.")
-@setting("priority_levels", type=int, help="priority: requests get priorities uniform over 0..N-1, lower first "
-                                           "(a trace's own `priority` column otherwise) [default: all 0].")
-@setting("max_num_seqs", type=int, help="Most sequences in one step (continuous, chunked) or KV logits (static).")
-@setting("max_num_batched_tokens", type=int, help="Token budget of one step (continuous, chunked).")
-@setting("long_prefill_token_threshold", type=int, help="chunked: most prompt tokens one step gives a request "
-                                                        "(0: no limit beyond the budget).")
-@setting("max_batch_size", type=int, help="static: requests in one batch.")
-@setting("max_queue_delay", type=float, help="static: seconds to wait for a batch to fill.")
-@click.option("--enable-chunked-prefill", is_flag=True, help="As vllm serve: the chunked policy (--policy chunked).")
+@setting("priority_levels", type=int, help=f"{read_by('priority_levels')}: requests get priorities uniform over "
+                                           "0..N-1, lower first (a trace's own `priority` column otherwise) "
+                                           "[default: all 0].")
+@setting("max_num_seqs", type=int, help="Most sequences in one step (and the logits the activation memory holds).")
+@setting("max_num_batched_tokens", type=int, help=f"{read_by('max_num_batched_tokens')}: token budget of one step.")
+@setting("long_prefill_token_threshold", type=int, help=f"{read_by('long_prefill_token_threshold')}: most prompt "
+                                                        "tokens one step gives a request (0: no limit beyond the "
+                                                        "budget).")
+@setting("max_batch_size", type=int, help=f"{read_by('max_batch_size')}: requests in one batch.")
+@setting("max_queue_delay", type=float, help=f"{read_by('max_queue_delay')}: seconds to wait for a batch to fill.")
+@click.option("--enable-chunked-prefill", is_flag=True,
+              help=f"As vllm serve: the {ENABLE_CHUNKED_PREFILL} policy (--policy {ENABLE_CHUNKED_PREFILL}).")
 @setting("max_model_len", type=int, help="As vllm serve: refuse a request longer than this many tokens "
                                          "(prompt + output) [default: the model's context length].")
 @setting("block_size", type=int, help="KV block size in tokens.")
@@ -223,9 +230,10 @@ def vllm_settings(given: set[str], policy: str, random_range_ratio: float | None
     """RunConfig settings that vLLM's flags without a servesim twin stand for."""
     settings: dict[str, Any] = {}
     if enable_chunked_prefill:
-        if "policy" in given and policy != "chunked":
-            raise InputError(f"--enable-chunked-prefill is the chunked policy; it contradicts --policy {policy}")
-        settings["policy"] = "chunked"
+        if "policy" in given and policy != ENABLE_CHUNKED_PREFILL:
+            raise InputError(f"--enable-chunked-prefill is the {ENABLE_CHUNKED_PREFILL} policy; it contradicts "
+                             f"--policy {policy}")
+        settings["policy"] = ENABLE_CHUNKED_PREFILL
     if random_range_ratio is not None:
         both = sorted(given & {"input_len_dist", "output_len_dist"})
         if both:

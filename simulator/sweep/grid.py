@@ -98,7 +98,6 @@ def setting_name(key: str) -> str:
 def check_name(name: str, value: Any) -> None:
     """Refuse an unknown name (policy, model, GPU, ...) before any configuration runs, as a value of
     the wrong type is; other settings are checked per configuration, where they meet the rest."""
-    from policies import build_policy
     from simulator.deploy.hardware import load_gpu
     from simulator.deploy.model import load_model
     from simulator.fleet.routers import ROUTERS
@@ -113,7 +112,7 @@ def check_name(name: str, value: Any) -> None:
             raise InputError(f"unknown router (choose from {', '.join(ROUTERS)})")
 
     checks: dict[str, Callable[[Any], object]] = {
-        "policy": lambda v: build_policy(RunConfig(policy=v)), "model": load_model, "gpu": load_gpu,
+        "policy": lambda v: RunConfig(policy=v), "model": load_model, "gpu": load_gpu,
         "cost": lambda v: RunConfig(cost=v), "quantization": lambda v: RunConfig(quantization=v),
         "kv_cache_dtype": lambda v: RunConfig(kv_cache_dtype=v),
         "input_len_dist": parse_length_dist, "output_len_dist": parse_length_dist, "trace": trace_exists,
