@@ -1,4 +1,6 @@
-"""Workloads: arrival processes, token-length distributions and trace readers."""
+"""Workloads: what is sent to the server, before any server exists. Arrival processes, token-length
+distributions, synthetic workloads, trace readers, shared prefixes and multi-turn sessions, as
+plain arrays (`Workload`). May import only `simulator.errors`."""
 
 from workloads.arrivals import arrivals_until, poisson_arrivals
 from workloads.lengths import LengthDist, parse_length_dist

@@ -9,7 +9,7 @@ interpolated (`curves`, `gemm`, `moe`); `parallel` prices tensor parallelism's a
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from simulator.cost.contract import CostModel, StepShape, causal_pairs
 from simulator.cost.curves import BatchCurves, Curve
@@ -22,16 +22,29 @@ from simulator.cost.roofline import RooflineCost
 from simulator.deploy.hardware import GpuSpec, load_profile, profile_dir
 from simulator.deploy.model import ModelSpec
 
-if TYPE_CHECKING:
-    from simulator.config import RunConfig
-
 COST_MODELS = ("measured", "roofline")
-__all__ = ["COST_MODELS", "AllReduce", "BatchCurves", "CostModel", "Curve", "GemmTable", "MeasuredCost",
-           "MeasuredTables", "MoeTable", "RooflineCost", "StepShape", "attention_rows", "build_cost_model",
+__all__ = ["COST_MODELS", "AllReduce", "BatchCurves", "CostModel", "CostSettings", "Curve", "GemmTable",
+           "MeasuredCost", "MeasuredTables", "MoeTable", "RooflineCost", "StepShape", "attention_rows",
+           "build_cost_model",
            "build_tables", "causal_pairs", "elementwise_ops", "measured_cost"]
 
 
-def build_cost_model(config: RunConfig, model: ModelSpec, gpu: GpuSpec) -> CostModel:
+class CostSettings(Protocol):
+    """The run settings a cost model is built from (`simulator.config.RunConfig` has them)."""
+
+    @property
+    def cost(self) -> str: ...
+    @property
+    def gpu(self) -> str: ...
+    @property
+    def quantization(self) -> str | None: ...
+    @property
+    def kv_cache_dtype(self) -> str: ...
+    @property
+    def tensor_parallel_size(self) -> int: ...
+
+
+def build_cost_model(config: CostSettings, model: ModelSpec, gpu: GpuSpec) -> CostModel:
     """The cost model a run asks for, for one GPU of `model` in the run's dtypes and parallelism:
     measured kernels from its profile, or the roofline (all-reduces measured where the profile has
     collectives)."""
