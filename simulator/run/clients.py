@@ -1,0 +1,147 @@
+"""Who sends a run's requests, and when: the workload's requests made as they are sent, and the
+kinds of client that send them to the servers (one server, or a fleet's entry).
+
+- `OpenLoop`: each request at its arrival time, whatever the servers do;
+- `ClosedLoop`: `concurrency` clients, each sending its next request when its last one finishes;
+- `Sessions`: multi-turn conversations (`simulator.run.sessions`).
+
+Every kind makes its requests through `Requests`, so every one carries its workload's lengths,
+priority and prefix content.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Protocol
+
+from simulator.engine.clock import Clock
+from simulator.engine.request import Request, RequestColumns
+from simulator.engine.server import Process
+from simulator.run.sessions import SessionClients
+from workloads import Workload
+from workloads.prefixes import request_content
+
+
+class Requests:
+    """The workload's requests, made as the clients send them: ids in the order they are sent."""
+
+    def __init__(self, workload: Workload) -> None:
+        self.workload = workload
+        self.prompts = workload.prompt_tokens.tolist()
+        self.outputs = workload.output_tokens.tolist()
+        self.priorities = workload.priority.tolist() if workload.priority is not None else [0] * workload.num_requests
+        self.contents = workload.content
+        self.sent: list[Request] = []
+
+    def make(self, arrival: float, index: int | None = None) -> Request:
+        """The workload's request `index` (the next one by default), sent at `arrival`."""
+        sent = self.sent
+        i = len(sent) if index is None else index
+        request = Request(len(sent), arrival, self.prompts[i], self.outputs[i], self.priorities[i])
+        if self.contents is not None:
+            request.content = request_content(self.contents, i, self.outputs[i])
+        sent.append(request)
+        return request
+
+    @property
+    def all_sent(self) -> bool:
+        return len(self.sent) >= self.workload.num_requests
+
+    def columns(self) -> RequestColumns:
+        return RequestColumns.from_requests(self.sent)
+
+
+class Entry(Protocol):
+    """What clients send to: a server, or a fleet (its entry pool's router)."""
+
+    def submit(self, request: Request, at: float | None = None, /) -> None:
+        """`request` reaches the servers (sent at `at`, or now)."""
+
+    def close(self) -> None:
+        """After the clock stopped: bring every request up to date."""
+
+
+class Clients(Protocol):
+    """One kind of client, made for one run."""
+
+    @property
+    def on_finish(self) -> Callable[[Request, float], None] | None:
+        """Told of every finish (a client that sends on a reply); None when no client waits for one."""
+
+    @property
+    def arrivals(self) -> list[float] | None:
+        """When the requests reach the servers, in the order they are sent, where that is known
+        before the run (an open loop); None when it depends on the run."""
+
+    def start(self, entry: Entry) -> None:
+        """Begin sending to `entry` (before the clock runs)."""
+
+
+ClientKind = Callable[[Clock, Requests], Clients]
+"""Makes a run's clients from its clock and its requests."""
+
+
+class OpenLoop:
+    def __init__(self, env: Clock, requests: Requests, arrivals: list[float]) -> None:
+        self.env = env
+        self.requests = requests
+        self.arrivals = arrivals
+        self.on_finish: Callable[[Request, float], None] | None = None
+
+    def start(self, entry: Entry) -> None:
+        self.env.process(self._arrive(entry))
+
+    def _arrive(self, entry: Entry) -> Process:
+        env, make, submit = self.env, self.requests.make, entry.submit
+        for t in self.arrivals:
+            now = env.now
+            if t > now:
+                yield env.arrival_timeout(t - now)
+            submit(make(t))
+
+
+class ClosedLoop:
+    def __init__(self, requests: Requests, concurrency: int) -> None:
+        self.requests = requests
+        self.concurrency = concurrency
+        self.arrivals: list[float] | None = None
+        self.on_finish: Callable[[Request, float], None] | None = self._send_next
+
+    def start(self, entry: Entry) -> None:
+        self.entry = entry
+        for _ in range(min(self.concurrency, self.requests.workload.num_requests)):
+            entry.submit(self.requests.make(0.0))
+
+    def _send_next(self, _finished: Request, at: float) -> None:
+        if not self.requests.all_sent:
+            self.entry.submit(self.requests.make(at), at)
+
+
+class Sessions:
+    """`SessionClients` (shared with the test oracle) sending through `Requests` to the servers."""
+
+    def __init__(self, env: Clock, requests: Requests) -> None:
+        self.requests = requests
+        self.sessions = SessionClients(env, requests.workload, self._send, env.arrival_timeout)
+        self.arrivals: list[float] | None = None
+        self.on_finish: Callable[[Request, float], None] | None = self.sessions.on_finish
+
+    def start(self, entry: Entry) -> None:
+        self.entry = entry
+        self.sessions.start()
+
+    def _send(self, index: int, at: float) -> Request:
+        request = self.requests.make(at, index)
+        self.entry.submit(request, at)
+        return request
+
+
+def workload_clients(env: Clock, requests: Requests) -> Clients:
+    """The clients the workload says: sessions, a closed loop of `concurrency`, or its arrivals."""
+    workload = requests.workload
+    if workload.turns > 1:
+        return Sessions(env, requests)
+    if workload.arrival is None:
+        assert workload.concurrency is not None
+        return ClosedLoop(requests, workload.concurrency)
+    return OpenLoop(env, requests, workload.arrival.tolist())
