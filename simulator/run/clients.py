@@ -3,7 +3,10 @@ kinds of client that send them to the servers (one server, or a fleet's entry).
 
 - `OpenLoop`: each request at its arrival time, whatever the servers do;
 - `ClosedLoop`: `concurrency` clients, each sending its next request when its last one finishes;
-- `Sessions`: multi-turn conversations (`simulator.run.sessions`).
+- `Sessions`: multi-turn conversations (`simulator.run.sessions`);
+- `BenchmarkClients`: a benchmark client as `simulate compare` reruns it (`simulator.sim2real.replay`):
+  a warm-up answered whole, then a closed loop (or the arrivals), each request reaching the servers a
+  client time after its send.
 
 Every kind makes its requests through `Requests`, so every one carries its workload's lengths,
 priority and prefix content.
@@ -12,7 +15,10 @@ priority and prefix content.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Protocol
+
+import numpy as np
 
 from simulator.engine.clock import Clock
 from simulator.engine.request import Request, RequestColumns
@@ -145,3 +151,66 @@ def workload_clients(env: Clock, requests: Requests) -> Clients:
         assert workload.concurrency is not None
         return ClosedLoop(requests, workload.concurrency)
     return OpenLoop(env, requests, workload.arrival.tolist())
+
+
+@dataclass(frozen=True)
+class ClientRun:
+    """How a benchmark client drove the server."""
+
+    concurrency: int
+    warmup: int
+    """Requests sent first and answered before measuring starts (not counted)."""
+    measured: int
+    client_time: float = 0.0
+    """Mean seconds per request outside the engine (HTTP, tokenisation, streaming)."""
+
+
+class BenchmarkClients:
+    """`client`'s warm-up sent at once, and once all of it is answered, its `concurrency` clients
+    each sending on its reply (or, for a workload with arrivals, each request sent at its arrival);
+    request i reaches the servers `delays[i]` seconds after its send."""
+
+    def __init__(self, env: Clock, requests: Requests, client: ClientRun, delays: np.ndarray) -> None:
+        self.env = env
+        self.requests = requests
+        self.client = client
+        self.delays = delays
+        self.warm_left = client.warmup
+        open_loop = requests.workload.arrival is not None
+        self.arrivals: list[float] | None = None  # each request reaches the servers after its own delay
+        self.on_finish: Callable[[Request, float], None] | None = None if open_loop else self._reply
+
+    def start(self, entry: Entry) -> None:
+        self.entry = entry
+        arrival = self.requests.workload.arrival
+        if arrival is not None:
+            self.env.process(self._open_loop(arrival.tolist()))
+        else:
+            client = self.client
+            for _ in range(client.warmup if client.warmup else min(client.concurrency, client.measured)):
+                self._send(0.0)
+
+    def _send(self, at: float) -> None:
+        request = self.requests.make(at)
+        self.env.process(self._deliver(request, at + float(self.delays[request.id]) - self.env.now))
+
+    def _deliver(self, request: Request, delay: float) -> Process:
+        yield self.env.arrival_timeout(delay)
+        self.entry.submit(request)
+
+    def _reply(self, request: Request, at: float) -> None:
+        client = self.client
+        if request.id < client.warmup:
+            self.warm_left -= 1
+            if self.warm_left == 0:
+                for _ in range(min(client.concurrency, client.measured)):
+                    self._send(at)
+        elif not self.requests.all_sent:
+            self._send(at)
+
+    def _open_loop(self, arrivals: list[float]) -> Process:
+        env = self.env
+        for at in arrivals:
+            if at > env.now:
+                yield env.arrival_timeout(at - env.now)
+            self._send(at)
