@@ -79,6 +79,17 @@ def test_a_rerun_keeps_the_workloads_priorities_and_prefix_content() -> None:
     assert rerun.priority.tolist() == workload.priority.tolist()
 
 
+def test_a_fleet_is_rerun_as_the_client_sent_it() -> None:
+    # UnitCost: 1 s a step. Two replicas, round robin: the two warm-up requests go one to each and
+    # end at 1 s; the two measured ones are sent then, one to each, and end at 2 s.
+    workload = Workload(np.full(4, 10, np.int64), np.ones(4, np.int64), None, 2)
+    replay = replay_workload(RunConfig(policy="chunked", num_replicas=2), ClientRun(2, 2, 2), workload,
+                             UnitCost())  # type: ignore[arg-type]
+    assert replay.result.fleet is not None
+    assert replay.result.fleet.request_columns["replica"].tolist() == [0, 1, 0, 1]
+    assert replay.result.requests.arrival.tolist() == [0.0, 0.0, 1.0, 1.0] and replay.ttft.tolist() == [1.0, 1.0]
+
+
 @pytest.mark.parametrize(("field", "value", "named"), [
     ("concurrency", "-4", "'-4'"), ("isl", "1e3", "'1e3'"), ("silicon_ttft_ms", "nan", "nan"),
     ("silicon_tpot_ms", "fast", "'fast'"), ("model_path", "acme/Unknown-7B", "'acme/Unknown-7B'"),

@@ -37,6 +37,7 @@ class Requests:
         self.outputs = workload.output_tokens.tolist()
         self.priorities = workload.priority.tolist() if workload.priority is not None else [0] * workload.num_requests
         self.contents = workload.content
+        self.num_requests = workload.num_requests
         self.sent: list[Request] = []
 
     def make(self, arrival: float, index: int | None = None) -> Request:
@@ -48,10 +49,6 @@ class Requests:
             request.content = request_content(self.contents, i, self.outputs[i])
         sent.append(request)
         return request
-
-    @property
-    def all_sent(self) -> bool:
-        return len(self.sent) >= self.workload.num_requests
 
     def columns(self) -> RequestColumns:
         return RequestColumns.from_requests(self.sent)
@@ -88,6 +85,8 @@ ClientKind = Callable[[Clock, Requests], Clients]
 
 
 class OpenLoop:
+    """Each request sent at its arrival time, whatever the servers do."""
+
     def __init__(self, env: Clock, requests: Requests, arrivals: list[float]) -> None:
         self.env = env
         self.requests = requests
@@ -107,6 +106,8 @@ class OpenLoop:
 
 
 class ClosedLoop:
+    """`concurrency` clients, each sending its next request when its last one finishes."""
+
     def __init__(self, requests: Requests, concurrency: int) -> None:
         self.requests = requests
         self.concurrency = concurrency
@@ -115,12 +116,13 @@ class ClosedLoop:
 
     def start(self, entry: Entry) -> None:
         self.entry = entry
-        for _ in range(min(self.concurrency, self.requests.workload.num_requests)):
+        for _ in range(min(self.concurrency, self.requests.num_requests)):
             entry.submit(self.requests.make(0.0))
 
     def _send_next(self, _finished: Request, at: float) -> None:
-        if not self.requests.all_sent:
-            self.entry.submit(self.requests.make(at), at)
+        requests = self.requests
+        if len(requests.sent) < requests.num_requests:
+            self.entry.submit(requests.make(at), at)
 
 
 class Sessions:
@@ -205,7 +207,7 @@ class BenchmarkClients:
             if self.warm_left == 0:
                 for _ in range(min(client.concurrency, client.measured)):
                     self._send(at)
-        elif not self.requests.all_sent:
+        elif len(self.requests.sent) < self.requests.num_requests:
             self._send(at)
 
     def _open_loop(self, arrivals: list[float]) -> Process:
