@@ -13,7 +13,9 @@ from helpers import UnitCost
 
 from simulator.cli.main import run
 from simulator.config import RunConfig
-from simulator.sim2real.replay import ClientRun, client_delays, replay_workload
+from simulator.run.clients import ClientRun
+from simulator.run.simulate import build_workload, simulate
+from simulator.sim2real.replay import client_delays, replay_workload
 from workloads import Workload
 
 SILICON = Path(__file__).resolve().parents[2] / "shared" / "reference" / "serving" / "aiconfigurator_silicon_vllm.csv"
@@ -61,6 +63,31 @@ def test_client_time_counts_in_the_ttft_and_delays_the_engine() -> None:
     # The engine is idle when each arrives: one prefill step after the request reaches it.
     np.testing.assert_allclose(replay.ttft, delays + 1.0)
     np.testing.assert_allclose(np.diff(replay.result.requests.arrival), delays[:2] + 2.0)
+
+
+def test_a_rerun_keeps_the_workloads_priorities_and_prefix_content() -> None:
+    """A rerun is a run like any other: prompts that share prefixes hit the prefix cache as they do
+    in `simulate`, and every request keeps its priority (the replay's own engine dropped both)."""
+    config = RunConfig(policy="priority", concurrency=1, num_requests=12, input_len=600, output_len=20,
+                       prefix_len=512, num_prefixes=2, priority_levels=3, enable_prefix_caching=True)
+    workload = build_workload(config)
+    assert workload.priority is not None and len(set(workload.priority.tolist())) > 1
+    simulated = simulate(config, workload).requests
+    rerun = replay_workload(config, ClientRun(concurrency=1, warmup=0, measured=12), workload).result.requests
+    assert simulated.cached_tokens.sum() > 0
+    assert rerun.cached_tokens.tolist() == simulated.cached_tokens.tolist()
+    assert rerun.priority.tolist() == workload.priority.tolist()
+
+
+def test_a_fleet_is_rerun_as_the_client_sent_it() -> None:
+    # UnitCost: 1 s a step. Two replicas, round robin: the two warm-up requests go one to each and
+    # end at 1 s; the two measured ones are sent then, one to each, and end at 2 s.
+    workload = Workload(np.full(4, 10, np.int64), np.ones(4, np.int64), None, 2)
+    replay = replay_workload(RunConfig(policy="chunked", num_replicas=2), ClientRun(2, 2, 2), workload,
+                             UnitCost())  # type: ignore[arg-type]
+    assert replay.result.fleet is not None
+    assert replay.result.fleet.request_columns["replica"].tolist() == [0, 1, 0, 1]
+    assert replay.result.requests.arrival.tolist() == [0.0, 0.0, 1.0, 1.0] and replay.ttft.tolist() == [1.0, 1.0]
 
 
 @pytest.mark.parametrize(("field", "value", "named"), [

@@ -20,9 +20,9 @@ from simulator.config import RunConfig
 from simulator.deploy.hardware import load_gpu
 from simulator.deploy.model import load_model
 from simulator.errors import InputError
-from simulator.fleet.engine import FleetEngine, run_fleet
 from simulator.fleet.routers import ROUTERS
 from simulator.metrics.summary import build_tables, summarize
+from simulator.run.driver import FleetEngine, run_fleet
 from simulator.run.pools import simulate_fleet
 from simulator.run.simulate import build_workload, simulate
 from workloads import Workload

@@ -27,7 +27,7 @@ from simulator.engine.kv import KVBlocks, block_keys
 from simulator.engine.request import Request
 from simulator.errors import InputError
 from simulator.metrics.summary import build_tables, summarize
-from simulator.run import simulate as simulate_module
+from simulator.run import driver
 from simulator.run.simulate import simulate
 from workloads import Workload
 from workloads.prefixes import SHARED_PREFIX, UNIQUE
@@ -311,7 +311,7 @@ def test_bulk_cache_is_the_block_by_block_one(policy: str, data: st.DataObject, 
     for blocks in (KVBlocks, ReferenceKVBlocks):
         try:
             with pytest.MonkeyPatch.context() as patch:
-                patch.setattr(simulate_module, "KVBlocks", blocks)
+                patch.setattr(driver, "KVBlocks", blocks)
                 result = simulate(case.config, workload)
         except InputError as error:
             outcomes.append(str(error))

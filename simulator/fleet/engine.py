@@ -1,4 +1,5 @@
 """A fleet in one SimPy clock: pools of servers behind routers, and the KV link between two pools.
+A run's clients send to a `Fleet` as they would to one `Server` (`simulator.run.driver` runs both).
 
 Colocated replicas are one pool: each arrival is routed (`simulator.fleet.routers`) from the servers'
 state at that instant and served there whole. Disaggregated serving is two pools: a prefill server
@@ -32,25 +33,21 @@ from __future__ import annotations
 import math
 from array import array
 from bisect import bisect_left
-from collections.abc import Callable, Generator
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
-import simpy
 from simpy.events import NORMAL
 
 from simulator.cost import CostModel
 from simulator.engine.clock import Clock
 from simulator.engine.kv import KVBlocks
-from simulator.engine.request import Request, RequestColumns
+from simulator.engine.request import Request
 from simulator.engine.server import Process, Server
 from simulator.engine.step import Policy
 from simulator.engine.steplog import StepLog
 from simulator.fleet.routers import Router, planned_routes
 from simulator.fleet.transfer import KVLink, links
-from workloads import Workload
-from workloads.prefixes import request_content
 
 
 @dataclass
@@ -127,138 +124,141 @@ class NextArrival:
         self.at = self.times[self.index] if self.index < len(self.times) else math.inf
 
 
-FleetEngine = Callable[[list[Pool], KVLink | None, Workload, float | None, Callable[[int, float], None] | None],
-                       tuple[RequestColumns, StepLog, float, FleetResult]]
+class Fleet:
+    """The pools' servers on one clock, what clients send to: each request is routed into the entry
+    pool and, for P/D, once prefilled, on across the KV link to the decode pool (the module
+    docstring). `on_finish` is the clients' (None: none waits for a reply); `arrivals`, when given,
+    are the instants the requests will be sent, in order: the entry servers' horizons."""
 
+    def __init__(self, env: Clock, pools: list[Pool], link: KVLink | None, num_requests: int,
+                 time_limit: float | None, on_step: Callable[[int, float], None] | None,
+                 on_finish: Callable[[Request, float], None] | None, arrivals: list[float] | None) -> None:
+        self.env, self.pools, self.link, self.on_step = env, pools, link, on_step
+        progress = self._progress if on_step is not None else None
+        self.servers = [[Server(env, policy, pool.cost, KVBlocks(pool.kv_blocks, pool.block_size, pool.prefix_caching),
+                                StepLog(), time_limit, on_step=progress) for policy in pool.policies]
+                        for pool in pools]
+        for index, server in enumerate(server for pool_servers in self.servers for server in pool_servers):
+            server.priority = NORMAL + index
+        self.loads = [[ServerLoad(server) for server in pool_servers] for pool_servers in self.servers]
+        self.served = [[-1] * num_requests for _ in pools]
+        """The server (fleet index) of each request id in each pool."""
+        self.first_index = [0, len(pools[0].policies)]
+        self.prefill_end, self.transfer_start, self.transfer_end = ([math.nan] * num_requests for _ in range(3))
+        self.outputs: dict[Request, int] = {}
+        """The output lengths of requests sent to a prefill pool, which computes one token of each."""
+        self.wires = links(env, len(pools[0].policies)) if link is not None else []
+        self.replying = -1
+        """The server whose finish the clients are being told of (-1: none)."""
+        self.clients_finish = on_finish
+        reply = self._reply if on_finish is not None else None
+        for server in self.servers[0]:
+            server.on_finish = self._prefilled if link is not None else reply
+        if link is not None:
+            for server in self.servers[1]:
+                server.on_finish = reply
+        if on_finish is not None:
+            for server in self.servers[-1]:
+                server.finish_seen_elsewhere = True
+        self.watched = self._watch(arrivals) if arrivals is not None else None
+        """Arrival i's horizon, told when it has been routed."""
 
-def run_fleet(pools: list[Pool], link: KVLink | None, workload: Workload, time_limit: float | None,
-              on_step: Callable[[int, float], None] | None = None
-              ) -> tuple[RequestColumns, StepLog, float, FleetResult]:
-    """`pools` in one clock: one pool of replicas, or a prefill pool and a decode pool joined by `link`."""
-    env = Clock()
-    n = workload.num_requests
-    prompts, outputs = workload.prompt_tokens.tolist(), workload.output_tokens.tolist()
-    priorities = workload.priority.tolist() if workload.priority is not None else [0] * n
-    requests: list[Request] = []
-    contents = workload.content
-    entry = pools[0]
-    served = [[-1] * n for _ in pools]
-    prefill_end, transfer_start, transfer_end = [math.nan] * n, [math.nan] * n, [math.nan] * n
-    first_index = [0, len(entry.policies)]
+    def _watch(self, arrivals: list[float]) -> list[NextArrival]:
+        """Each entry server's horizon: the next arrival, or under a router that reads no state,
+        the next one routed to it."""
+        entry = self.servers[0]
+        plan = planned_routes(self.pools[0].router, len(entry), len(arrivals))
+        if plan is None:
+            watcher = NextArrival(arrivals)
+            for server in entry:
+                server.horizon = watcher
+            return [watcher] * len(arrivals)
+        chosen = plan.tolist()
+        watchers = [NextArrival([t for t, c in zip(arrivals, chosen, strict=True) if c == i])
+                    for i in range(len(entry))]
+        for server, own in zip(entry, watchers, strict=True):
+            server.horizon = own
+        return [watchers[c] for c in chosen]
 
-    def progress(_finished: int, at: float) -> None:
-        if on_step is not None:
-            on_step(sum(server.num_finished for server in servers[-1]), at)
+    def submit(self, request: Request, at: float | None = None) -> None:
+        """The entry pool's router picks a server for `request` (sent at `at` from the finish of
+        server `replying`, when a closed-loop client sends it)."""
+        if self.link is not None:
+            self.outputs[request] = request.output_tokens
+            request.output_tokens = 1
+        i = self._route(0, request)
+        if at is not None and self.replying > i:
+            # Sent from a later server's step end at the instant one of server i's priced steps
+            # ends: processed after that step, so counted in the next one's queue.
+            at = math.nextafter(at, math.inf)
+        self.servers[0][i].submit(request, at)
+        if self.watched is not None:
+            # Said before the clock moves on, so no server runs past an arrival it has not seen.
+            self.watched[request.id].passed()
 
-    servers = [[Server(env, policy, pool.cost, KVBlocks(pool.kv_blocks, pool.block_size, pool.prefix_caching),
-                       StepLog(), time_limit,
-                       on_step=progress if on_step is not None else None) for policy in pool.policies]
-               for pool in pools]
-    for index, server in enumerate(server for pool_servers in servers for server in pool_servers):
-        server.priority = NORMAL + index
-    loads = [[ServerLoad(server) for server in pool_servers] for pool_servers in servers]
-
-    def make_request(arrival: float) -> Request:
-        i = len(requests)
-        request = Request(i, arrival, prompts[i], 1 if link is not None else outputs[i], priorities[i])
-        request.content = request_content(contents, i, outputs[i])
-        requests.append(request)
-        return request
-
-    def route(pool: int, request: Request, at: float | None = None, source: int = -1) -> int:
-        """The pool's router picks a server; the entry pool's gets the request (sent at `at` from
-        the finish of server `source`, when a closed-loop client sends it)."""
-        i = pools[pool].router(loads[pool], request)
-        served[pool][request.id] = first_index[pool] + i
-        if pool == 0:
-            if at is not None and source > i:
-                # Sent from a later server's step end at the instant one of server i's priced
-                # steps ends: processed after that step, so counted in the next one's queue.
-                at = math.nextafter(at, math.inf)
-            servers[0][i].submit(request, at)
+    def _route(self, pool: int, request: Request) -> int:
+        i = self.pools[pool].router(self.loads[pool], request)
+        self.served[pool][request.id] = self.first_index[pool] + i
         return i
 
-    def next_client(finished: Request, at: float) -> None:
-        if workload.arrival is None and len(requests) < n:
-            # The server it finished on: its decode server, or its prefill server for one token.
-            route(0, make_request(at), at, max(served[0][finished.id], served[-1][finished.id]))
+    def _progress(self, _finished: int, at: float) -> None:
+        assert self.on_step is not None
+        self.on_step(sum(server.num_finished for server in self.servers[-1]), at)
 
-    def prefilled(request: Request, at: float) -> None:
-        if outputs[request.id] == 1:
-            next_client(request, at)
+    def _reply(self, request: Request, at: float) -> None:
+        """The clients are told of a finish on the server that served `request` last."""
+        assert self.clients_finish is not None
+        self.replying = max(self.served[0][request.id], self.served[-1][request.id])
+        self.clients_finish(request, at)
+        self.replying = -1
+
+    def _prefilled(self, request: Request, at: float) -> None:
+        output = self.outputs.pop(request)
+        if output == 1:
+            if self.clients_finish is not None:
+                self._reply(request, at)
             return
-        request.output_tokens = outputs[request.id]
+        request.output_tokens = output
         request.finish = request.first_token = math.nan  # the client has it when its KV has crossed
-        prefill_end[request.id] = at
-        target = route(1, request)
-        env.process(ship(request, served[0][request.id], target))
+        self.prefill_end[request.id] = at
+        target = self._route(1, request)
+        self.env.process(self._ship(request, self.served[0][request.id], target))
 
-    def ship(request: Request, source: int, target: int) -> Process:
-        assert link is not None
-        with wires[source].request() as slot:
+    def _ship(self, request: Request, source: int, target: int) -> Process:
+        assert self.link is not None
+        env = self.env
+        with self.wires[source].request() as slot:
             yield slot
-            transfer_start[request.id] = env.now
-            yield env.timeout(link.transfer_time(request.prompt_tokens))
-            transfer_end[request.id] = env.now
+            self.transfer_start[request.id] = env.now
+            yield env.timeout(self.link.transfer_time(request.prompt_tokens))
+            self.transfer_end[request.id] = env.now
         request.first_token = env.now  # the client has it with the KV, from the decode side
-        servers[1][target].submit(request)
+        self.servers[1][target].submit(request)
 
-    wires = links(env, len(entry.policies)) if link is not None else []
-    for server in servers[0]:
-        server.on_finish = prefilled if link is not None else next_client
-    if link is not None:
-        for server in servers[1]:
-            server.on_finish = next_client
-    if workload.arrival is None:
-        assert workload.concurrency is not None
-        for server in servers[-1]:
-            server.finish_seen_elsewhere = True
-        for _ in range(min(workload.concurrency, n)):
-            route(0, make_request(0.0))
-    else:
-        arrivals = workload.arrival.tolist()
-        plan = planned_routes(entry.router, len(servers[0]), n)
-        if plan is None:
-            watchers = [NextArrival(arrivals)] * len(servers[0])
-            watched = [watchers[0]] * n
+    def close(self) -> None:
+        """After the clock stopped: every server's requests brought up to date, and those still
+        prefilling given back their output lengths."""
+        for pool_servers in self.servers:
+            for server in pool_servers:
+                server.close()
+        for request, output in self.outputs.items():
+            request.output_tokens = output
+
+    def result(self, num_requests: int) -> tuple[StepLog, FleetResult]:
+        """The merged step log, and which servers served the first `num_requests` requests."""
+        log, step_server = merge_logs([server.log for pool_servers in self.servers for server in pool_servers])
+        served = [np.array(ids[:num_requests], dtype=np.int64) for ids in self.served]
+        columns: dict[str, np.ndarray] = {}
+        if self.link is None:
+            columns["replica"] = served[0]
         else:
-            chosen = plan.tolist()
-            watchers = [NextArrival([t for t, c in zip(arrivals, chosen, strict=True) if c == i])
-                        for i in range(len(servers[0]))]
-            watched = [watchers[c] for c in chosen]
-        for server, watcher in zip(servers[0], watchers, strict=True):
-            server.horizon = watcher
-        env.process(_arrive(env, arrivals, watched, lambda t: route(0, make_request(t))))
-    env.run(until=time_limit)
-    for pool_servers in servers:
-        for server in pool_servers:
-            server.close()
-    for request in requests:
-        request.output_tokens = outputs[request.id]  # those still prefilling at the time limit
-    log, step_server = merge_logs([server.log for pool_servers in servers for server in pool_servers])
-    columns: dict[str, np.ndarray] = {}
-    if link is None:
-        columns["replica"] = np.array(served[0][:len(requests)], dtype=np.int64)
-    else:
-        columns["prefill_server"] = np.array(served[0][:len(requests)], dtype=np.int64)
-        columns["decode_server"] = np.array(served[1][:len(requests)], dtype=np.int64)
-        columns["prefill_end"] = np.array(prefill_end[:len(requests)])
-        columns["transfer_start"] = np.array(transfer_start[:len(requests)])
-        columns["transfer_end"] = np.array(transfer_end[:len(requests)])
-    fleet = FleetResult([pool.role for pool in pools for _ in pool.policies], step_server, columns,
-                        [pool.kv_blocks for pool in pools for _ in pool.policies])
-    return RequestColumns.from_requests(requests), log, env.now, fleet
-
-
-def _arrive(env: Clock, arrivals: list[float], watched: list[NextArrival],
-            route: Callable[[float], Any]) -> Generator[simpy.Event, Any, None]:
-    """Each arrival routed at its time; `watched[i]` is the horizon that waited for arrival i."""
-    for i, t in enumerate(arrivals):
-        if t > env.now:
-            yield env.arrival_timeout(t - env.now)
-        route(t)
-        # Said before the clock moves on, so no server runs past an arrival it has not seen.
-        watched[i].passed()
+            columns["prefill_server"], columns["decode_server"] = served
+            columns["prefill_end"] = np.array(self.prefill_end[:num_requests])
+            columns["transfer_start"] = np.array(self.transfer_start[:num_requests])
+            columns["transfer_end"] = np.array(self.transfer_end[:num_requests])
+        pools = self.pools
+        return log, FleetResult([pool.role for pool in pools for _ in pool.policies], step_server, columns,
+                                [pool.kv_blocks for pool in pools for _ in pool.policies])
 
 
 def merge_logs(logs: list[StepLog]) -> tuple[StepLog, np.ndarray]:

@@ -1,9 +1,9 @@
-"""A fleet's pools built from a `RunConfig`: colocated replicas, or prefill and decode pools each of
-its own tensor-parallel size, sized and checked as a single server of that size would be."""
+"""A run's pools built from a `RunConfig`: one server, colocated replicas, or prefill and decode
+pools each of its own tensor-parallel size, sized and checked as a single server of that size
+would be; and a fleet's run."""
 
 from __future__ import annotations
 
-from collections import Counter
 from dataclasses import replace
 
 from policies import build_policy
@@ -12,11 +12,12 @@ from simulator.cost import CostModel, build_cost_model
 from simulator.deploy.hardware import GpuSpec
 from simulator.deploy.model import ModelSpec
 from simulator.errors import InputError
-from simulator.fleet.engine import FleetEngine, Pool, run_fleet
+from simulator.fleet.engine import Pool
 from simulator.fleet.routers import build_router
 from simulator.fleet.transfer import KVLink, kv_link
-from simulator.progress import RunProgress
-from simulator.run.result import RunResult
+from simulator.run.clients import ClientKind, workload_clients
+from simulator.run.driver import FleetEngine, run_fleet, run_progress
+from simulator.run.result import RunResult, run_result
 from simulator.run.sizing import check_fits, gpu_shard, keeps_prefix_cache, kv_cache_blocks
 from workloads import Workload
 
@@ -37,9 +38,6 @@ def build_pools(config: RunConfig, model: ModelSpec, gpu: GpuSpec, workload: Wor
                 ) -> tuple[list[Pool], KVLink | None]:
     """The pools (fresh policies and routers) and, for P/D, the KV link; refuses a workload a pool
     could never serve, before anything runs. `cost` replaces every pool's cost model."""
-    if workload.turns > 1:
-        raise InputError(f"--num-turns {workload.turns} runs on one server: a fleet does not route conversations "
-                         "(drop --num-replicas, or --prefill-replicas and --decode-replicas)")
     longest = int(workload.prompt_tokens.max())
     pools = []
     for index, (role, count, pool_config) in enumerate(pool_configs(config)):
@@ -59,20 +57,17 @@ def build_pools(config: RunConfig, model: ModelSpec, gpu: GpuSpec, workload: Wor
 
 
 def simulate_fleet(config: RunConfig, model: ModelSpec, gpu: GpuSpec, workload: Workload, progress: bool = False,
-                   engine: FleetEngine = run_fleet, cost: CostModel | None = None) -> RunResult:
+                   engine: FleetEngine | None = None, cost: CostModel | None = None,
+                   clients: ClientKind = workload_clients) -> RunResult:
     """`simulate` for more than one server; `engine` replaces `run_fleet` (the tests' oracle),
     `cost` every pool's cost model."""
+    if workload.turns > 1:
+        raise InputError(f"--num-turns {workload.turns} runs on one server: a fleet does not route conversations "
+                         "(drop --num-replicas, or --prefill-replicas and --decode-replicas)")
     pools, link = build_pools(config, model, gpu, workload, cost)
-    bar = RunProgress(workload.num_requests, enabled=progress)
-    try:
-        requests, log, end_time, fleet = engine(pools, link, workload, config.time_limit,
-                                                bar.update if progress else None)
-    finally:
-        bar.close()
-    extrapolated: Counter[str] = Counter()
-    notes: list[str] = []
-    for pool in pools:
-        extrapolated.update(pool.cost.extrapolated)
-        notes += [note for note in pool.cost.notes if note not in notes]
-    return RunResult(config, model, gpu, pools[-1].kv_blocks, requests, log, workload.num_requests, end_time,
-                     dict(extrapolated), tuple(notes), fleet)
+    with run_progress(workload.num_requests, progress) as on_step:
+        if engine is not None:
+            requests, log, end_time, fleet = engine(pools, link, workload, config.time_limit, on_step)
+        else:
+            requests, log, end_time, fleet = run_fleet(pools, link, workload, config.time_limit, on_step, clients)
+    return run_result(config, model, gpu, pools, workload, requests, log, end_time, fleet)

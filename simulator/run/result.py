@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 
 from simulator.config import RunConfig
@@ -9,7 +10,8 @@ from simulator.deploy.hardware import GpuSpec
 from simulator.deploy.model import ModelSpec
 from simulator.engine.request import RequestColumns
 from simulator.engine.steplog import StepLog
-from simulator.fleet.engine import FleetResult
+from simulator.fleet.engine import FleetResult, Pool
+from workloads import Workload
 
 
 @dataclass
@@ -30,3 +32,16 @@ class RunResult:
     """What the cost model's tables stood in for, noted at load."""
     fleet: FleetResult | None = None
     """Servers, routing and transfers of a run of more than one server (`simulator.fleet.engine`)."""
+
+
+def run_result(config: RunConfig, model: ModelSpec, gpu: GpuSpec, pools: list[Pool], workload: Workload,
+               requests: RequestColumns, log: StepLog, end_time: float, fleet: FleetResult | None = None) -> RunResult:
+    """The result of a run of `workload` on `pools`: their cost models' extrapolations summed, their
+    notes joined."""
+    extrapolated: Counter[str] = Counter()
+    notes: list[str] = []
+    for pool in pools:
+        extrapolated.update(pool.cost.extrapolated)
+        notes += [note for note in pool.cost.notes if note not in notes]
+    return RunResult(config, model, gpu, pools[-1].kv_blocks, requests, log, workload.num_requests, end_time,
+                     dict(extrapolated), tuple(notes), fleet)

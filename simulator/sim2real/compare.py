@@ -20,8 +20,9 @@ import polars as pl
 from simulator.config import DEFAULTS, RunConfig
 from simulator.deploy.hardware import available_gpus, load_profile
 from simulator.errors import InputError
+from simulator.run.clients import ClientRun
 from simulator.sim2real.measured import MeasuredPoint
-from simulator.sim2real.replay import ClientRun, Replay, replay_workload
+from simulator.sim2real.replay import Replay, replay_workload
 from workloads import Workload, synthetic_workload
 
 

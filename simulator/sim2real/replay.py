@@ -1,5 +1,7 @@
 """A measured benchmark rerun as its client ran it: warm-up, then a closed loop of clients with
 per-request client time, and the per-request sums of step counts that the host-overhead fit needs.
+The rerun is a `simulate` run whose clients are `simulator.run.clients.BenchmarkClients`, so it
+keeps everything else a run has (the workload's priorities and prefix content, a fleet).
 
 Two things a closed loop of real clients does that `simulate --concurrency` does not:
 
@@ -27,28 +29,11 @@ import polars as pl
 
 from simulator.config import RunConfig
 from simulator.cost import CostModel
-from simulator.engine.clock import Clock
-from simulator.engine.kv import KVBlocks
-from simulator.engine.request import Request, RequestColumns
-from simulator.engine.server import Process, Server
-from simulator.engine.step import Policy
-from simulator.engine.steplog import StepLog
 from simulator.metrics.tokens import tokens_table
+from simulator.run.clients import BenchmarkClients, ClientRun
 from simulator.run.result import RunResult
-from simulator.run.simulate import Engine, simulate
+from simulator.run.simulate import simulate
 from workloads import Workload
-
-
-@dataclass(frozen=True)
-class ClientRun:
-    """How the benchmark client drove the server."""
-
-    concurrency: int
-    warmup: int
-    """Requests sent first and answered before measuring starts (not counted)."""
-    measured: int
-    client_time: float = 0.0
-    """Mean seconds per request outside the engine (HTTP, tokenisation, streaming)."""
 
 
 @dataclass(frozen=True)
@@ -81,60 +66,6 @@ def client_delays(client: ClientRun, num_requests: int, seed: int) -> np.ndarray
     return np.random.default_rng(seed).exponential(client.client_time, num_requests)
 
 
-def client_engine(client: ClientRun, delays: np.ndarray) -> Engine:
-    """An engine for `simulate`: warm-up, a barrier, then each client sends again on its reply (or,
-    for a workload with arrivals, each request sent at its arrival); request i reaches the engine
-    `delays[i]` after its send."""
-
-    def engine(policy: Policy, cost: CostModel, kv_blocks: int, block_size: int, workload: Workload,
-               time_limit: float | None, prefix_caching: bool = False) -> tuple[RequestColumns, StepLog, float]:
-        env = Clock()
-        log = StepLog()
-        requests: list[Request] = []
-        prompts, outputs = workload.prompt_tokens.tolist(), workload.output_tokens.tolist()
-        warm_left = [client.warmup]
-
-        def deliver(request: Request, delay: float) -> Process:
-            yield env.arrival_timeout(delay)
-            server.submit(request)
-
-        def send(at: float) -> None:
-            i = len(requests)
-            request = Request(i, at, prompts[i], outputs[i], 0)
-            requests.append(request)
-            env.process(deliver(request, at + float(delays[i]) - env.now))
-
-        def on_finish(request: Request, at: float) -> None:
-            if workload.arrival is not None:
-                return  # an open loop sends on its own clock
-            if request.id < client.warmup:
-                warm_left[0] -= 1
-                if warm_left[0] == 0:
-                    for _ in range(min(client.concurrency, client.measured)):
-                        send(at)
-            elif len(requests) < workload.num_requests:
-                send(at)
-
-        def open_loop(arrivals: list[float]) -> Process:
-            for at in arrivals:
-                if at > env.now:
-                    yield env.arrival_timeout(at - env.now)
-                send(at)
-
-        kv = KVBlocks(kv_blocks, block_size, prefix_caching)
-        server = Server(env, policy, cost, kv, log, time_limit, on_finish=on_finish)
-        if workload.arrival is not None:
-            env.process(open_loop(workload.arrival.tolist()))
-        else:
-            for _ in range(client.warmup if client.warmup else min(client.concurrency, client.measured)):
-                send(0.0)
-        env.run(until=time_limit)
-        server.close()
-        return RequestColumns.from_requests(requests), log, env.now
-
-    return engine
-
-
 def replay(config: RunConfig, client: ClientRun) -> Replay:
     """Rerun `config`'s lengths (fixed, `input_len`/`output_len`) as `client` sent them."""
     total = client.warmup + client.measured
@@ -144,10 +75,11 @@ def replay(config: RunConfig, client: ClientRun) -> Replay:
 
 
 def replay_workload(config: RunConfig, client: ClientRun, workload: Workload, cost: CostModel | None = None) -> Replay:
-    """Rerun `workload`'s lengths as `client` sent them (its first `warmup` requests warm up), with
-    `config`'s cost model or `cost`."""
+    """Rerun `workload` as `client` sent it (its first `warmup` requests warm up), with `config`'s
+    cost model or `cost`."""
     delays = client_delays(client, workload.num_requests, config.seed)
-    result = simulate(config, workload, cost, engine=client_engine(client, delays))
+    result = simulate(config, workload, cost,
+                      clients=lambda env, requests: BenchmarkClients(env, requests, client, delays))
     reqs = result.requests
     measured = slice(client.warmup, None)
     arrival, first, finish = reqs.arrival[measured], reqs.first_token[measured], reqs.finish[measured]
