@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 
 from simulator.deploy.model import LLAMA_3_1_8B, load_model
 from simulator.errors import InputError
+from simulator.sim2real.measured import read_points
 from workloads import read_trace
 
 MODELS = Path(__file__).resolve().parents[2] / "shared" / "reference" / "models"
@@ -295,3 +296,100 @@ def test_the_changed_record_is_the_one_blamed(rows: int, data: st.DataObject, su
     message = str(error.value)
     assert str(path) in message and "\n" not in message and len(message) < len(str(path)) + 220
     assert re.search(rf"\b{where}\b", message), (table, message)
+
+
+# ---------------------------------------------------------------- measured results (simulate compare, fit)
+
+SILICON_ROW = {"id": "r1", "backend": "vllm", "backend_version": "0.12.0", "model_path": "Qwen/Qwen3-32B",
+               "system": "h100_sxm", "precision": "", "gemm_quant_mode": "", "isl": "1024", "osl": "16",
+               "concurrency": "4", "tp_size": "2", "silicon_ttft_ms": "150", "silicon_tpot_ms": "15"}
+
+
+def silicon_csv(path: Path, *rows: dict[str, str], header: list[str] | None = None) -> Path:
+    header = header or list(SILICON_ROW)
+    path.write_text("\n".join([",".join(header), *(",".join(row[c] for c in header) for row in rows)]) + "\n")
+    return path
+
+
+def test_trace_and_compare_name_the_same_line(tmp_path: Path) -> None:
+    """A bad cell on line 4 of a CSV (its third record) is line 4 to both readers."""
+    trace = tmp_path / "trace.csv"
+    trace.write_text("arrival,prompt_tokens,output_tokens\n0,1,1\n1,1,1\n2,-1,1\n")
+    with refused("trace.csv", "line 4"):
+        read_trace(trace)
+    points = silicon_csv(tmp_path / "points.csv", SILICON_ROW, SILICON_ROW, SILICON_ROW | {"isl": "-1"})
+    with refused("points.csv line 4", "isl", "'-1'"):
+        read_points(points)
+
+
+@pytest.mark.parametrize(("field", "value", "named"), [
+    ("isl", "\u00b2", "isl must be an integer in [1, 2147483648], got '\u00b2'"),  # a digit to str.isdigit
+    ("concurrency", "1000000000", "concurrency must be an integer in [1, 100000], got '1000000000'"),
+    ("tp_size", "9" * 400, "tp_size must be an integer in [1, 1024], got '9999"),
+    ("silicon_ttft_ms", "1e400", "silicon_ttft_ms must be a number in (0, 8.64e+07], got '1e400'"),
+    ("silicon_tpot_ms", "-0.0", "got '-0.0'"),
+    ("model_path", "\u00e9" * 1000, "model '\u00e9\u00e9"),
+])
+def test_silicon_fields_are_range_checked(field: str, value: str, named: str, tmp_path: Path) -> None:
+    path = silicon_csv(tmp_path / "points.csv", SILICON_ROW | {field: value})
+    with pytest.raises(InputError) as error:
+        read_points(path)
+    assert "points.csv line 2" in str(error.value) and named in str(error.value)
+    assert value[:81] not in str(error.value) or len(value) <= 80  # at most 80 characters of it quoted
+    assert "\n" not in str(error.value)
+
+
+def test_silicon_rows_that_do_not_fit_the_header_name_their_line(tmp_path: Path) -> None:
+    path = silicon_csv(tmp_path / "points.csv", SILICON_ROW, SILICON_ROW | {"id": '"two\nlines"'}, SILICON_ROW)
+    with path.open("a") as file:
+        file.write("r9,vllm\n")
+    with refused("points.csv line 6: 2 fields where the header has 13"):
+        read_points(path)
+    doubled = silicon_csv(tmp_path / "doubled.csv", SILICON_ROW | {"isl": "5"}, header=[*SILICON_ROW, "isl"])
+    with refused("doubled.csv line 1: column(s) isl given twice"):
+        read_points(doubled)
+    huge = silicon_csv(tmp_path / "huge.csv", SILICON_ROW, SILICON_ROW | {"id": "x" * 200_000})
+    with refused("huge.csv line 3", "field larger than field limit"):
+        read_points(huge)
+    binary = tmp_path / "binary.csv"
+    binary.write_bytes(silicon_csv(tmp_path / "ok.csv", SILICON_ROW).read_bytes() + b"\xff\n")
+    with refused("binary.csv line 3: not UTF-8 text"):
+        read_points(binary)
+
+
+def vllm_result(**changes: Any) -> dict[str, Any]:
+    n = 20
+    return {"model_id": "meta-llama/Llama-3.1-8B-Instruct", "num_prompts": n, "request_rate": "inf",
+            "burstiness": 1.0, "max_concurrency": 4, "completed": n, "total_input_tokens": 1000 * n,
+            "total_output_tokens": 100 * n, "request_throughput": 4.0, "output_throughput": 400.0,
+            "mean_ttft_ms": 60.0, "mean_tpot_ms": 9.0} | changes
+
+
+@pytest.mark.parametrize(("changes", "named"), [
+    ({"num_prompts": 10**12}, "num_prompts must be an integer in [1, 1000000], got 1000000000000"),
+    ({"completed": 21}, "completed must be an integer in [1, 20], got 21"),
+    ({"max_concurrency": 2**63}, "max_concurrency must be an integer in [1, 100000]"),
+    ({"mean_ttft_ms": math.nan}, "mean_ttft_ms must be a number of ms in [0, 8.64e+07], got nan"),
+    ({"mean_tpot_ms": 1e308}, "mean_tpot_ms must be a number of ms in [0, 8.64e+07], got 1e+308"),
+    ({"burstiness": 1e-300}, "burstiness must be a number in [0.001, 1000], got 1e-300"),
+    ({"request_rate": "x" * 1000}, "request_rate must be a number, got 'xxxx"),
+    ({"model_id": ["a"] * 1000}, "model_id must be a string, got ['a', 'a'"),
+    ({"input_lens": [1000] * 19 + [2**40], "output_lens": [100] * 20, "ttfts": [], "itls": []},
+     "input_lens must be an integer in [1, 2147483648], got 1099511627776"),
+    ({"input_lens": [1000] * 20, "output_lens": [0] * 20, "ttfts": [], "itls": []},
+     "output_lens are all 0, yet 20 requests completed"),
+])
+def test_vllm_result_fields_are_range_checked(changes: dict[str, Any], named: str, tmp_path: Path) -> None:
+    path = tmp_path / "result.json"
+    path.write_text(json.dumps(vllm_result(**changes)))
+    with pytest.raises(InputError) as error:
+        read_points(path)
+    assert "result.json" in str(error.value) and named in str(error.value)
+    assert len(str(error.value)) < 300 and "\n" not in str(error.value)
+
+
+def test_a_vllm_result_nested_past_recursion_is_one_line(tmp_path: Path) -> None:
+    path = tmp_path / "result.json"
+    path.write_text('{"a": ' + "[" * 100_000 + "]" * 100_000 + "}")
+    with refused("result.json", "cannot read"):
+        read_points(path)
