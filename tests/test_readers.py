@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import shutil
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from simulator.deploy.hardware import load_gpu, load_profile
 from simulator.deploy.model import LLAMA_3_1_8B, load_model
 from simulator.errors import InputError
 from simulator.sim2real.measured import read_points
@@ -393,3 +395,79 @@ def test_a_vllm_result_nested_past_recursion_is_one_line(tmp_path: Path) -> None
     path.write_text('{"a": ' + "[" * 100_000 + "]" * 100_000 + "}")
     with refused("result.json", "cannot read"):
         read_points(path)
+
+
+# ---------------------------------------------------------------- GPU profile folders
+
+
+def profile_copy(tmp_path: Path) -> Path:
+    folder = tmp_path / "gpu"
+    shutil.copytree(load_profile("h100_sxm_vllm").path, folder)
+    return folder
+
+
+def edit_json(path: Path, **changes: object) -> None:
+    path.write_text(json.dumps(json.loads(path.read_text()) | changes))
+
+
+@pytest.mark.parametrize(("changes", "named"), [
+    ({"mem_bw": math.inf}, "mem_bw must be a number in (0, 1e+15], got inf"),
+    ({"memory_bytes": 2**63}, "memory_bytes must be a number in [1.04858e+06, 1.1259e+15], got 9223372036854775808"),
+    ({"kernel_latency": "fast"}, "kernel_latency must be a number in (0, 1], got 'fast'"),
+    ({"step_overhead": -1e-6}, "step_overhead must be a number in [0, 1], got -1e-06"),
+    ({"name": ["h100"]}, "name must be a string, got ['h100']"),
+])
+def test_roofline_values_are_range_checked(changes: dict[str, object], named: str, tmp_path: Path) -> None:
+    folder = profile_copy(tmp_path)
+    edit_json(folder / "roofline.json", **changes)
+    with refused(named, str(folder / "roofline.json")):
+        load_gpu(str(folder))
+
+
+@pytest.mark.parametrize(("changes", "named"), [
+    ({"dtype": "int4"}, "dtype 'int4' is not one of"),
+    ({"families": "all"}, 'families must be a JSON dict, got "all"'),
+    ({"datasheet_flops": math.nan}, "datasheet_flops must be a number in (0, 1e+18], got nan"),
+    ({"model": {"name": "tiny"}}, "model ModelSpec.__init__() missing"),
+    ({"model": {"name": "tiny", "layers": 2}}, 'model must be an object of'),
+    ({"host_overhead_fit": {"values": {}}}, "host_overhead_fit is not a fit as `simulate fit` writes it"),
+])
+def test_profile_json_fields_are_checked(changes: dict[str, object], named: str, tmp_path: Path) -> None:
+    """A model missing a field was a TypeError traceback in `simulate validate`; a fit without its
+    values a KeyError in `simulate compare`."""
+    folder = profile_copy(tmp_path)
+    edit_json(folder / "profile.json", **changes)
+    with refused(named, str(folder / "profile.json")):
+        load_profile(str(folder))
+
+
+@pytest.mark.parametrize(("table", "column", "values", "named"), [
+    ("gemm", "latency", {2: math.nan}, "row 3 has latency nan; expected seconds in (0, 3600]"),
+    ("gemm", "latency", {0: -1.0}, "row 1 has latency -1.0"),
+    ("decode_attention", "context", {4: -5}, "row 5 has context -5; expected integers in [0, 2**50]"),
+    ("collectives", "op", {1: None}, "row 2 has op None; expected text"),
+])
+def test_profile_tables_name_the_bad_row(table: str, column: str, values: dict[int, object], named: str,
+                                         tmp_path: Path) -> None:
+    folder = profile_copy(tmp_path)
+    frame = pl.read_parquet(folder / f"{table}.parquet")
+    cells = frame[column].to_list()
+    for row, value in values.items():
+        cells[row] = value
+    frame.with_columns(pl.Series(column, cells, dtype=frame[column].dtype)).write_parquet(folder / f"{table}.parquet")
+    with refused(f"{table}.parquet", named):
+        load_profile(str(folder))
+
+
+def test_a_profile_column_of_the_wrong_type_is_refused(tmp_path: Path) -> None:
+    folder = profile_copy(tmp_path)
+    frame = pl.read_parquet(folder / "gemm.parquet")
+    frame.with_columns(pl.col("m").cast(pl.Float64)).write_parquet(folder / "gemm.parquet")
+    with refused("gemm.parquet", "column m has type Float64; expected integers"):
+        load_profile(str(folder))
+
+
+@pytest.mark.parametrize("name", ["x" * 5000, "a\x00b"])
+def test_a_gpu_name_no_path_can_hold_is_one_line(name: str) -> None:
+    with refused("unknown GPU"):
+        load_gpu(name)
