@@ -21,7 +21,7 @@ import polars as pl
 from simulator.cli.options import deployment_options
 from simulator.config import RunConfig
 from simulator.cost import CostModel, MeasuredCost, StepShape, build_cost_model, build_tables
-from simulator.deploy.hardware import load_profile, profile_dir
+from simulator.deploy.hardware import FIT_SHAPE, has_shape, load_profile, profile_dir
 from simulator.deploy.model import LLAMA_3_1_8B, ModelSpec
 from simulator.errors import InputError
 
@@ -91,7 +91,7 @@ def validate_command(gpu: str, tensor_parallel_size: int, quantization: str | No
     config = RunConfig(gpu=gpu, cost="measured", tensor_parallel_size=tensor_parallel_size,
                        quantization=quantization, kv_cache_dtype=kv_cache_dtype)
     fit = load_profile(gpu).meta.get("host_overhead_fit")
-    if isinstance(fit, dict):
+    if isinstance(fit, dict) and has_shape(fit, FIT_SHAPE):
         from calibration.fit_host import describe_fit
 
         click.echo("\n".join(describe_fit(fit)) + "\n")

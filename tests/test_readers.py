@@ -430,7 +430,7 @@ def test_roofline_values_are_range_checked(changes: dict[str, object], named: st
     ({"datasheet_flops": math.nan}, "datasheet_flops must be a number in (0, 1e+18], got nan"),
     ({"model": {"name": "tiny"}}, "model ModelSpec.__init__() missing"),
     ({"model": {"name": "tiny", "layers": 2}}, 'model must be an object of'),
-    ({"host_overhead_fit": {"values": {}}}, "host_overhead_fit is not a fit as `simulate fit` writes it"),
+    ({"host_overhead_fit": {"values": {}}}, "host_overhead_fit must hold values of step_overhead"),
 ])
 def test_profile_json_fields_are_checked(changes: dict[str, object], named: str, tmp_path: Path) -> None:
     """A model missing a field was a TypeError traceback in `simulate validate`; a fit without its

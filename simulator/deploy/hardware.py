@@ -163,8 +163,9 @@ FIT_SHAPE = {
     "residuals": [{"point": str, "tensor_parallel_size": int, "statistic": str, "measured": NUMBER,
                    "simulated": NUMBER, "error": NUMBER, "held_out": bool}],
 }
-"""The host-overhead fit `simulate fit` records in profile.json, as JSON types: an object's fields
-(`"*"`: its every field), a list's items, or the types a value may have."""
+"""The host-overhead fit `simulate fit` records in profile.json (its rounds' profiles hold the values
+only), as JSON types: an object's fields (`"*"`: its every field), a list's items, or the types a
+value may have."""
 
 
 def has_shape(value: Any, shape: Any) -> bool:
@@ -266,10 +267,10 @@ def _check_meta(meta: dict[str, Any], path: Path) -> None:
         except (TypeError, InputError) as exc:  # TypeError: a field it must have is missing
             raise InputError(f"{where}: model {clip(str(exc))}") from None
     fit = meta.get("host_overhead_fit")
-    if fit is not None:
-        if not has_shape(fit, FIT_SHAPE):
-            raise InputError(f"{where}: host_overhead_fit is not a fit as `simulate fit` writes it (values, units, "
-                             f"fitted_on, median_abs_error, residuals): {clip(json.dumps(fit))}")
+    if fit is not None:  # runs read its values; `simulate validate` shows the rest when it is whole
+        if not (isinstance(fit, dict) and has_shape(fit.get("values"), FIT_SHAPE["values"])):
+            raise InputError(f"{where}: host_overhead_fit must hold values of {', '.join(FIT_TERMS)}, as `simulate "
+                             f"fit` writes it, got {clip(json.dumps(fit))}")
         for term in FIT_TERMS:
             check_range(fit["values"][term], term, f"{where}: host_overhead_fit.values")
 
