@@ -9,6 +9,7 @@ with one line and exit status 1, never a traceback.
 from __future__ import annotations
 
 import ast
+import difflib
 import importlib
 import importlib.util
 import os
@@ -64,7 +65,12 @@ class LazyGroup(DefaultGroup):
         return sorted(self.verbs)
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
-        # A word that names no verb is the default verb's first argument (DefaultGroup's rule).
+        # An option that names no verb is the default verb's (DefaultGroup's rule: `simulate --rate 12`);
+        # a word is a verb mistyped, as the default verb takes options only.
+        if cmd_name not in self.verbs and not cmd_name.startswith("-"):
+            close = difflib.get_close_matches(cmd_name, self.verbs, n=1)
+            hint = f"did you mean {close[0]!r}?" if close else f"the commands are {', '.join(sorted(self.verbs))}"
+            raise click.UsageError(f"no such command {clip(repr(cmd_name))} ({hint})", ctx)
         self.load(cmd_name if cmd_name in self.verbs else self.default_cmd_name)
         return super().get_command(ctx, cmd_name)
 
