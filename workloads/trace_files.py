@@ -257,7 +257,7 @@ def _diagnose_json(trace: TraceFile) -> None:
         for name, value in record.items():
             found = kind(value)
             if found is not None and expected[name] and found not in expected[name]:
-                raise InputError(f"{trace.path} line {line}: {name} is {clip(json.dumps(value))} ({found}); "
+                raise InputError(f"{trace.path} line {line}: {clip(name)} is {clip(json.dumps(value))} ({found}); "
                                  f"expected {' or '.join(sorted(expected[name]))}")
 
 
