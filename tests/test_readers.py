@@ -6,8 +6,11 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 import shutil
+import subprocess
+import sys
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -471,3 +474,14 @@ def test_a_profile_column_of_the_wrong_type_is_refused(tmp_path: Path) -> None:
 def test_a_gpu_name_no_path_can_hold_is_one_line(name: str) -> None:
     with refused("unknown GPU"):
         load_gpu(name)
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs named pipes")
+def test_a_config_that_is_a_pipe_is_refused_not_waited_on(tmp_path: Path) -> None:
+    """Reading a FIFO blocks until someone writes to it: the run hung."""
+    os.mkfifo(tmp_path / "config.json")
+    script = "import sys; from simulator.cli.main import run; run(['batch-table', '--model', sys.argv[1]])"
+    done = subprocess.run([sys.executable, "-c", script, str(tmp_path / "config.json")], capture_output=True,
+                          text=True, timeout=60, cwd=Path(__file__).resolve().parents[1])
+    assert done.returncode == 2 and done.stderr.count("\n") == 1
+    assert "is not a file of JSON settings" in done.stderr

@@ -128,8 +128,17 @@ class ConfigFile:
         return "fp8"
 
 
+MAX_JSON_BYTES = 1 << 24
+"""The largest settings file read (a config.json or a profile's is kilobytes): past it, a wrong file."""
+
+
 def read_json(path: Path, what: str) -> dict[str, Any]:
+    """A settings file's JSON object; a path that is no regular file (a FIFO would block the read)
+    or a file past MAX_JSON_BYTES is refused."""
     try:
+        if not path.is_file() or path.stat().st_size > MAX_JSON_BYTES:
+            raise InputError(f"{what} {str(path)!r} is not a file of JSON settings (a regular file of at most "
+                             f"{MAX_JSON_BYTES >> 20} MiB)")
         data = json.loads(path.read_text())
     except OSError as exc:
         raise InputError(f"cannot read {what} {str(path)!r}: {exc.strerror}") from None
