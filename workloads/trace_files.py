@@ -65,7 +65,7 @@ class TraceFile:
         """A JSON file's records as (the line each begins on, its text): JSONL's non-blank lines
         (polars skips blank ones) or a JSON array's elements."""
         text = _text(self.path)
-        if text.lstrip().startswith("["):
+        if self.suffix == ".json" and text.lstrip().startswith("["):
             yield from _array_elements(text)
             return
         for number, line in enumerate(text.split("\n"), start=1):
@@ -96,21 +96,29 @@ def _csv_line(path: Path, record: int) -> int:
     raise AssertionError(f"{path} has no record {record}")
 
 
+SEPARATORS = re.compile(r"[ \t\r\n,]*")
+
+
 def _array_elements(text: str) -> Iterator[tuple[int, str]]:
     """A JSON array's elements as (the line each begins on, its text); the rest of the file from
     the first element that does not parse."""
     decoder = json.JSONDecoder()
-    at = text.index("[") + 1
+    at = line_at = text.index("[") + 1
+    line = text.count("\n", 0, at) + 1
     while True:
-        at += len(text[at:]) - len(text[at:].lstrip(" \t\r\n,"))
+        skipped = SEPARATORS.match(text, at)
+        assert skipped is not None  # it matches the empty string
+        at = skipped.end()
         if at >= len(text) or text[at] == "]":
             return
+        line += text.count("\n", line_at, at)
+        line_at = at
         try:
             _, end = decoder.raw_decode(text, at)
         except (json.JSONDecodeError, RecursionError):
-            yield text.count("\n", 0, at) + 1, text[at:]
+            yield line, text[at:]
             return
-        yield text.count("\n", 0, at) + 1, text[at:end]
+        yield line, text[at:end]
         at = end
 
 
