@@ -92,7 +92,7 @@ def read_trace(path: str | Path, speed: float = 1.0, limit: int | None = None) -
         arrival=arrival[order] / speed,
         concurrency=None,
         content=content,
-        origin=TraceRows(trace, order),
+        origin=TraceRows(trace, order.copy()),  # not a view holding the whole sort when limited
     )
 
 
