@@ -25,6 +25,7 @@ and fitting step terms to it would let a scheduling miss pass for negative host 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import tempfile
 from dataclasses import dataclass, replace
@@ -36,6 +37,7 @@ import numpy as np
 import polars as pl
 
 from simulator.errors import InputError
+from simulator.outputs.run_folder import remove_stale_scratch, scratch_dir
 
 TERMS = ("step_overhead", "per_sequence_overhead", "per_token_overhead", "client_time")
 UNITS = {"step_overhead": "s per step", "per_sequence_overhead": "s per sequence in a step",
@@ -57,8 +59,8 @@ def write_profile(base: Path, out: Path, values: dict[str, float], fit: dict[str
     if out.exists() and any(out.iterdir()):
         raise InputError(f"--out {str(out)!r} already exists and is not an empty folder")
     out.parent.mkdir(parents=True, exist_ok=True)
-    scratch = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    try:
+    remove_stale_scratch(out.parent)
+    with scratch_dir(out) as scratch:  # as a run folder: whole or not at all, of the umask's mode
         for path in base.iterdir():
             if path.is_file():
                 shutil.copy2(path, scratch / path.name)
@@ -77,10 +79,7 @@ def write_profile(base: Path, out: Path, values: dict[str, float], fit: dict[str
         (scratch / "profile.json").write_text(json.dumps(meta, indent=2) + "\n")
         if out.exists():
             out.rmdir()
-        scratch.rename(out)
-    finally:
-        if scratch.exists():
-            shutil.rmtree(scratch)
+        os.replace(scratch, out)
 
 
 def _run(points: list[Any], base: Path, values: dict[str, float], work: Path, round_: int

@@ -13,6 +13,7 @@ fitted shows first the fitted terms, the data they were fitted on and every resi
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import click
@@ -21,15 +22,16 @@ import polars as pl
 from simulator.cli.options import deployment_options
 from simulator.config import RunConfig
 from simulator.cost import CostModel, MeasuredCost, StepShape, build_cost_model, build_tables
-from simulator.deploy.hardware import load_profile, profile_dir
+from simulator.deploy.hardware import FIT_SHAPE, has_shape, load_profile, profile_dir
 from simulator.deploy.model import LLAMA_3_1_8B, ModelSpec
 from simulator.errors import InputError
 
 CHAPTER_CONTEXT = 2300
 CHAPTER_DECODE = {1: 7.0e-3, 8: 7.8e-3, 64: 14.1e-3, 128: 21.7e-3}
 CHAPTER_PREFILL = (2000, 80e-3)
-VLLM_FP8_KV_BLOG = (Path(__file__).resolve().parents[2] / "shared" / "reference" / "serving"
-                    / "vllm_blog_fp8_kv_h100.csv")
+VLLM_FP8_KV_BLOG = Path("serving") / "vllm_blog_fp8_kv_h100.csv"
+"""vLLM's fp8-KV blog's measurements, in the reference data folder."""
+REFERENCE_ENV = "SERVESIM_REFERENCE"
 SINGLE_REQUEST_CONTEXTS = (8000, 64000)
 
 
@@ -62,17 +64,41 @@ def chapter_errors(profile_name: str, config: RunConfig | None = None) -> pl.Dat
     return pl.DataFrame(rows).with_columns(error=(pl.col("predicted") - pl.col("chapter")) / pl.col("chapter"))
 
 
-def vllm_itl_lines(path: Path = VLLM_FP8_KV_BLOG) -> dict[str, tuple[float, float]]:
+def reference_folders() -> tuple[Path, ...]:
+    """Where the reference data is looked for when not given: `../shared/reference` beside the
+    checkout this module is in (an editable install; where the tests look), and beside the checkout
+    in the current folder (`pip install .` run from it)."""
+    return (Path(__file__).resolve().parents[2] / "shared" / "reference",
+            Path.cwd().resolve().parent / "shared" / "reference")
+
+
+def find_blog(reference: Path | None) -> Path | None:
+    """The blog's measurements in `reference` (which must hold them), else in the first reference
+    folder that does; None where none does."""
+    if reference is not None:
+        if not (reference / VLLM_FP8_KV_BLOG).is_file():
+            raise InputError(f"--reference {str(reference)!r} holds no {VLLM_FP8_KV_BLOG} (give the reference data "
+                             "folder, ../shared/reference beside the checkout)")
+        return reference / VLLM_FP8_KV_BLOG
+    return next((folder / VLLM_FP8_KV_BLOG for folder in reference_folders() if (folder / VLLM_FP8_KV_BLOG).is_file()),
+                None)
+
+
+def vllm_itl_lines(path: Path) -> dict[str, tuple[float, float]]:
     """vLLM's fitted single-request ITL, seconds = intercept + slope x context, by KV dtype."""
-    rows = pl.read_csv(path).filter(pl.col("benchmark") == "single_request_itl_fit")
-    lines = {}
-    for dtype in ("bfloat16", "fp8"):
-        values = dict(rows.filter(pl.col("kv_cache_dtype") == dtype).select("metric", "value").iter_rows())
-        lines[dtype] = (values["itl_intercept"] * 1e-3, values["itl_slope"] * 1e-3)
+    try:
+        rows = pl.read_csv(path).filter(pl.col("benchmark") == "single_request_itl_fit")
+        lines = {}
+        for dtype in ("bfloat16", "fp8"):
+            values = dict(rows.filter(pl.col("kv_cache_dtype") == dtype).select("metric", "value").iter_rows())
+            lines[dtype] = (float(values["itl_intercept"]) * 1e-3, float(values["itl_slope"]) * 1e-3)
+    except (pl.exceptions.PolarsError, KeyError, TypeError, ValueError) as exc:
+        raise InputError(f"{str(path)!r} is not the blog's table of single_request_itl_fit rows (itl_intercept, "
+                         f"itl_slope by kv_cache_dtype): {exc!r}"[:300]) from None
     return lines
 
 
-def single_request_errors(cost: CostModel, kv_dtype: str, path: Path = VLLM_FP8_KV_BLOG) -> pl.DataFrame:
+def single_request_errors(cost: CostModel, kv_dtype: str, path: Path) -> pl.DataFrame:
     """Batch-1 decode steps at the blog's context lengths against its fitted ITL line."""
     intercept, slope = vllm_itl_lines(path)[kv_dtype]
     rows = [{"context": context, "vllm": intercept + slope * context,
@@ -80,18 +106,46 @@ def single_request_errors(cost: CostModel, kv_dtype: str, path: Path = VLLM_FP8_
     return pl.DataFrame(rows).with_columns(error=(pl.col("predicted") - pl.col("vllm")) / pl.col("vllm"))
 
 
+def print_single_request(config: RunConfig, blog: Path | None) -> None:
+    """Llama-3.1-8B's batch-1 decode step against the blog's ITL line (one GPU: the blog's), with
+    the measured-kernel model and the roofline; one line saying why where there is none."""
+    if config.tensor_parallel_size > 1:
+        return
+    if blog is None:
+        click.echo(f"\nno comparison with vLLM's measured single-request ITL: {VLLM_FP8_KV_BLOG} is not in "
+                   f"{' or '.join(repr(str(f)) for f in reference_folders())}; give --reference DIR or set "
+                   f"{REFERENCE_ENV}")
+        return
+    kv = "fp8" if config.kv_cache_dtype.startswith("fp8") else "bfloat16"
+    click.echo(f"\nllama-3.1-8b batch-1 decode step, {kv} KV, against vLLM's measured single-request ITL "
+               f"(fp8-KV blog, H100):")
+    click.echo(f"{'context':>8}{'vLLM ms':>10}{'measured ms':>13}{'error':>9}{'roofline ms':>13}{'error':>9}")
+    gpu = load_profile(config.gpu).gpu
+    measured = single_request_errors(build_cost_model(config, LLAMA_3_1_8B, gpu), kv, blog)
+    roofline = single_request_errors(build_cost_model(replace(config, cost="roofline"), LLAMA_3_1_8B, gpu), kv,
+                                     blog)
+    for m, r in zip(measured.iter_rows(named=True), roofline.iter_rows(named=True), strict=True):
+        click.echo(f"{m['context']:>8}{m['vllm'] * 1e3:>10.2f}{m['predicted'] * 1e3:>13.2f}{m['error']:>+9.1%}"
+                   f"{r['predicted'] * 1e3:>13.2f}{r['error']:>+9.1%}")
+
+
 @click.command("validate")
 @click.option("--gpu", default="h100_sxm", show_default=True, help="Shipped profile name or a profile path.")
 @deployment_options
-def validate_command(gpu: str, tensor_parallel_size: int, quantization: str | None, kv_cache_dtype: str) -> None:
+@click.option("--reference", type=click.Path(path_type=Path), default=None, envvar=REFERENCE_ENV, show_envvar=True,
+              help="The reference data folder (../shared/reference beside the checkout), for vLLM's measured "
+                   "single-request ITL [default: looked for beside the checkout].")
+def validate_command(gpu: str, tensor_parallel_size: int, quantization: str | None, kv_cache_dtype: str,
+                     reference: Path | None) -> None:
     """Predicted against measured step times for a profile, the chapter's table, and vLLM."""
     if not (profile_dir(gpu) / "profile.json").is_file():
         raise InputError(f"--gpu {gpu!r} has no profile.json: it holds a roofline only, no measured kernels to "
                          "validate (`simulate calibrate` measures them)")
+    blog = find_blog(reference)
     config = RunConfig(gpu=gpu, cost="measured", tensor_parallel_size=tensor_parallel_size,
                        quantization=quantization, kv_cache_dtype=kv_cache_dtype)
     fit = load_profile(gpu).meta.get("host_overhead_fit")
-    if isinstance(fit, dict):
+    if isinstance(fit, dict) and has_shape(fit, FIT_SHAPE):
         from calibration.fit_host import describe_fit
 
         click.echo("\n".join(describe_fit(fit)) + "\n")
@@ -120,16 +174,4 @@ def validate_command(gpu: str, tensor_parallel_size: int, quantization: str | No
     click.echo(f"{'step':<22}{'chapter ms':>12}{'predicted ms':>14}{'error':>9}")
     for r in chapter.iter_rows(named=True):
         click.echo(f"{r['step']!s:<22}{r['chapter'] * 1e3:>12.1f}{r['predicted'] * 1e3:>14.2f}{r['error']:>+9.1%}")
-    if not VLLM_FP8_KV_BLOG.exists() or tensor_parallel_size > 1:
-        return
-    kv = "fp8" if kv_cache_dtype.startswith("fp8") else "bfloat16"
-    click.echo(f"\nllama-3.1-8b batch-1 decode step, {kv} KV, against vLLM's measured single-request ITL "
-               f"(fp8-KV blog, H100):")
-    click.echo(f"{'context':>8}{'vLLM ms':>10}{'measured ms':>13}{'error':>9}{'roofline ms':>13}{'error':>9}")
-    measured = single_request_errors(build_cost_model(config, LLAMA_3_1_8B, load_profile(gpu).gpu), kv)
-    roofline = single_request_errors(build_cost_model(RunConfig(gpu=gpu, quantization=quantization,
-                                                                kv_cache_dtype=kv_cache_dtype),
-                                                      LLAMA_3_1_8B, load_profile(gpu).gpu), kv)
-    for m, r in zip(measured.iter_rows(named=True), roofline.iter_rows(named=True), strict=True):
-        click.echo(f"{m['context']:>8}{m['vllm'] * 1e3:>10.2f}{m['predicted'] * 1e3:>13.2f}{m['error']:>+9.1%}"
-                   f"{r['predicted'] * 1e3:>13.2f}{r['error']:>+9.1%}")
+    print_single_request(config, blog)

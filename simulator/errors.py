@@ -8,3 +8,12 @@ non-zero; everything else that goes wrong is a bug and keeps its traceback.
 
 class InputError(ValueError):
     """Bad user input; the message names the offending value."""
+
+
+SHOWN_CHARS = 80
+"""The most of a bad value a message quotes: enough to recognise it, never a page of it."""
+
+
+def clip(text: str) -> str:
+    """`text` (a bad value as a message shows it: its repr, its JSON) cut to `SHOWN_CHARS` characters."""
+    return text if len(text) <= SHOWN_CHARS else f"{text[:SHOWN_CHARS - 3]}..."

@@ -100,7 +100,7 @@ def test_a_bad_field_is_one_line_naming_it(tmp_path: Path, capsys: pytest.Captur
                                            value: str, named: str) -> None:
     path = write_csv(tmp_path / "points.csv", ROW, ROW | {field: value})
     code, out, err = outcome(["compare", str(path), "--out", str(tmp_path / "rows.parquet")], capsys)
-    assert code == 2 and len(err.strip().splitlines()) == 1 and "row 3" in err and named in err, err
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "points.csv line 3" in err and named in err, err
     assert not (tmp_path / "rows.parquet").exists() and out == ""
 
 

@@ -31,7 +31,7 @@ def test_the_fit_recovers_terms_it_did_not_see(tmp_path: Path, capsys: pytest.Ca
     # "Measured" = servesim's own reruns on a profile with known host overhead; fitted from zero on
     # the plain profile, the terms must come back, and the held-out TP 4 point must match.
     truth = tmp_path / "truth"
-    write_profile(profile_dir("h100_sxm"), truth, TRUTH, {"values": TRUTH, "fitted_on": {"files": ["t"], "points": 0}})
+    write_profile(profile_dir("h100_sxm"), truth, TRUTH, None)  # client_time 0: a profile without a fit
     points = read_points(points_csv(tmp_path))
     rows = compare_points(points, {"h100_sxm": str(truth)})
     simulated = {(r["point"], r["statistic"]): r["simulated"] for r in rows.iter_rows(named=True)}

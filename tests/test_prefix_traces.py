@@ -39,10 +39,10 @@ def test_hash_ids_become_512_token_segments(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(("ids", "named"), [
-    ([7], "has 1 ids in row 1, where 600 prompt tokens make 2 blocks"),
-    ([7, -1], "has id -1.0 in row 1"),
-    ([7, 2 ** 41], "in row 1; ids must be integers in [0, 2**40)"),
-    ("7,8", "expected lists of integer block ids"),
+    ([7], "has 1 ids in line 1, where 600 prompt tokens make 2 blocks"),
+    ([7, -1], "has id -1.0 in line 1"),
+    ([7, 2 ** 41], "in line 1; ids must be integers in [0, 2**40)"),
+    ("7,8", 't.jsonl line 1: hash_ids is "7,8" (a string); expected a list of numbers or an empty list'),
     ([7.5, 8], "expected lists of integer block ids"),
 ])
 def test_bad_hash_ids_are_refused_by_row(ids: object, named: str, tmp_path: Path) -> None:
@@ -57,7 +57,7 @@ def test_bad_hash_ids_exit_with_one_line(tmp_path: Path, capsys: pytest.CaptureF
                                               "hash_ids": [1]}])
     code, _, err = simulate_cli(["--trace", str(path), "--out", str(tmp_path / "run")], capsys)
     assert code == 2
-    assert err.strip().count("\n") == 0 and "hash_ids has 1 ids in row 1" in err
+    assert err.strip().count("\n") == 0 and "hash_ids has 1 ids in line 1" in err
     assert not (tmp_path / "run").exists()
 
 

@@ -755,19 +755,20 @@ def test_header_only_csv(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    ("name", "content"),
+    ("name", "content", "named"),
     [
-        ("broken.jsonl", '{"arrival": 0, "prompt_tokens": 3\n'),
-        ("broken.json", '[{"arrival": 0, "prompt_tokens": 3}'),
-        ("broken.parquet", "this is not parquet"),
-        ("ragged.csv", "a,b\n1,2,3,4\n"),
-        ("quote.csv", 'arrival,prompt_tokens,output_tokens\n0,10,5\n1,"abc\n'),
+        ("broken.jsonl", '{"arrival": 0, "prompt_tokens": 3\n', "broken.jsonl line 1: not JSON"),
+        ("broken.json", '[{"arrival": 0, "prompt_tokens": 3}', "cannot read"),
+        ("broken.parquet", "this is not parquet", "cannot read"),
+        ("ragged.csv", "a,b\n1,2,3,4\n", "ragged.csv line 2: 4 fields where the header has 2"),
+        ("quote.csv", 'arrival,prompt_tokens,output_tokens\n0,10,5\n1,"abc\n',
+         "quote.csv line 3: 2 fields where the header has 3"),
     ],
 )
-def test_malformed_content(tmp_path: Path, name: str, content: str) -> None:
+def test_malformed_content(tmp_path: Path, name: str, content: str, named: str) -> None:
     path = tmp_path / name
     path.write_text(content)
-    with raises("cannot read", name):
+    with raises(named, name):
         read_trace(path)
 
 
@@ -789,11 +790,12 @@ def test_missing_columns(tmp_path: Path, drop: str, looked_for: list[str]) -> No
 @pytest.mark.parametrize(
     ("column", "values", "fragments"),
     [
-        ("prompt_tokens", [10, 20, 0, 40], ["prompt_tokens", "token count 0", "row 3"]),
-        ("output_tokens", [1, -2, 3, 4], ["output_tokens", "-2", "row 2"]),
-        ("prompt_tokens", [10, 2.5, 30, 40], ["prompt_tokens", "2.5", "row 2"]),
-        ("output_tokens", [1, 2, 3, 0.5], ["output_tokens", "0.5", "row 4"]),
-        ("prompt_tokens", ["10", "abc", "30", "40"], ["prompt_tokens", "'abc'", "row 2"]),
+        # Lines as an editor shows them: the header is line 1, the first record line 2.
+        ("prompt_tokens", [10, 20, 0, 40], ["prompt_tokens", "token count 0", "line 4"]),
+        ("output_tokens", [1, -2, 3, 4], ["output_tokens", "-2", "line 3"]),
+        ("prompt_tokens", [10, 2.5, 30, 40], ["prompt_tokens", "2.5", "line 3"]),
+        ("output_tokens", [1, 2, 3, 0.5], ["output_tokens", "0.5", "line 5"]),
+        ("prompt_tokens", ["10", "abc", "30", "40"], ["prompt_tokens", "'abc'", "line 3"]),
     ],
 )
 def test_bad_token_counts_csv(
@@ -812,7 +814,7 @@ def test_bad_token_counts_csv(
 def test_missing_token_count_jsonl(tmp_path: Path) -> None:
     records = records_of(GENERIC)
     records[2]["output_tokens"] = None
-    with raises("gaps.jsonl", "output_tokens", "no value", "row 3"):
+    with raises("gaps.jsonl", "output_tokens", "no value", "line 3"):
         read_trace(write_jsonl(tmp_path / "gaps.jsonl", records))
 
 
@@ -820,7 +822,7 @@ def test_non_numeric_token_type(tmp_path: Path) -> None:
     records = records_of(GENERIC)
     for record in records:
         record["prompt_tokens"] = [1, 2]
-    with raises("lists.jsonl", "prompt_tokens", "List"):
+    with raises("lists.jsonl line 1", "prompt_tokens is [1, 2] (a list of numbers); expected a number"):
         read_trace(write_jsonl(tmp_path / "lists.jsonl", records))
 
 
@@ -830,22 +832,22 @@ def test_unparseable_timestamps(tmp_path: Path) -> None:
         "timestamp,prompt_tokens,output_tokens\n"
         "2023-11-16 18:15:46.6805900,1,1\n2023-11-16 18:15:47.0000000,1,1\nyesterday,1,1\n"
     )
-    with raises("later.csv", "'yesterday'", "row 3"):
+    with raises("later.csv", "'yesterday'", "line 4"):
         read_trace(later)
     first = tmp_path / "first.csv"
     first.write_text("timestamp,prompt_tokens,output_tokens\nnope,1,1\n2023-11-16 18:15:47,1,1\n")
-    with raises("first.csv", "'nope'", "row 1"):
+    with raises("first.csv", "'nope'", "line 2"):
         read_trace(first)
 
 
 def test_missing_and_non_finite_arrivals(tmp_path: Path) -> None:
     records = records_of(GENERIC)
     records[1]["arrival"] = None
-    with raises("null.jsonl", "arrival", "no value", "row 2"):
+    with raises("null.jsonl", "arrival", "no value", "line 2"):
         read_trace(write_jsonl(tmp_path / "null.jsonl", records))
     path = tmp_path / "nan.parquet"
     pl.DataFrame({**GENERIC, "arrival": [0.0, 1.0, math.nan, 2.0]}).write_parquet(path)
-    with raises("nan.parquet", "nan", "row 3"):
+    with raises("nan.parquet", "nan", "row 3"):  # a Parquet file has rows, counted from 1
         read_trace(path)
 
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
-from typing import Any
+from dataclasses import dataclass, field, fields
+from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -21,6 +21,14 @@ def _check_column(name: str, values: object, dtype: type[np.generic]) -> npt.NDA
     return values
 
 
+class Origin(Protocol):
+    """Where a workload's requests were read from."""
+
+    def where(self, request: int) -> str:
+        """Request `request`'s place in its file, as a person finds it in an editor ("trace.csv line 7")."""
+        ...
+
+
 @dataclass(frozen=True, eq=False)
 class Workload:
     """Requests to simulate, columnar; `arrival` is None for a closed loop.
@@ -28,7 +36,7 @@ class Workload:
     Open loop: `arrival` holds each request's arrival in seconds (non-decreasing, >= 0; the first
     may be > 0) and `concurrency` is None. Closed loop: `arrival` is None, `concurrency` clients
     each send their next request when the previous one finishes, and the engine decides arrival
-    times. Two workloads are equal when every column is.
+    times. Two workloads are equal when every column is (wherever they were read from).
     """
 
     prompt_tokens: npt.NDArray[np.int64]
@@ -44,6 +52,8 @@ class Workload:
     """Requests per multi-turn session (`workloads.sessions`); 1 = independent requests."""
     think_time: float = 0.0
     """Seconds between a turn's last token and the session's next turn."""
+    origin: Origin | None = field(default=None, compare=False)
+    """The file each request was read from (a trace), to name it in messages; None: made, not read."""
 
     def __post_init__(self) -> None:
         prompt = _check_column("prompt_tokens", self.prompt_tokens, np.int64)
@@ -56,9 +66,7 @@ class Workload:
         for name, column in (("prompt_tokens", prompt), ("output_tokens", output)):
             bad = np.flatnonzero(column < 1)
             if bad.size:
-                raise InputError(
-                    f"workload {name} must be >= 1, got {column[bad[0]]} for request {bad[0]}"
-                )
+                raise InputError(f"workload {name} must be >= 1, got {column[bad[0]]} for {self.describe(int(bad[0]))}")
         if self.priority is not None and len(_check_column("priority", self.priority, np.int64)) != n:
             raise InputError(f"workload has {n} requests but {len(self.priority)} priorities")
         if self.content is not None:
@@ -83,10 +91,8 @@ class Workload:
             raise InputError(f"workload has {n} requests but {len(arrival)} arrival times")
         bad = np.flatnonzero(~np.isfinite(arrival) | (arrival < 0))
         if bad.size:
-            raise InputError(
-                f"arrival times must be finite seconds >= 0, "
-                f"got {arrival[bad[0]]} for request {bad[0]}"
-            )
+            raise InputError(f"arrival times must be finite seconds >= 0, got {arrival[bad[0]]} for "
+                             f"{self.describe(int(bad[0]))}")
         bad = np.flatnonzero(np.diff(arrival) < 0)
         if bad.size:
             i = bad[0] + 1
@@ -99,10 +105,15 @@ class Workload:
     def num_requests(self) -> int:
         return len(self.prompt_tokens)
 
+    def describe(self, request: int) -> str:
+        """Request `request` (its id in the run's tables) as a message names it, with its place in
+        the file it was read from."""
+        return f"request {request}" + (f" ({self.origin.where(request)})" if self.origin is not None else "")
+
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Workload):
             return NotImplemented
-        return all(_same(getattr(self, f.name), getattr(other, f.name)) for f in fields(self))
+        return all(_same(getattr(self, f.name), getattr(other, f.name)) for f in fields(self) if f.compare)
 
 
 def _check_content(content: object, prompt: npt.NDArray[np.int64]) -> None:

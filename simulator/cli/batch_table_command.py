@@ -106,7 +106,7 @@ def batch_table_command(context: int, batches: str, model: str, gpu: str, cost: 
     from simulator.cost.batch_table import batch_table
     from simulator.deploy.hardware import load_gpu
     from simulator.deploy.model import load_model
-    from simulator.outputs.run_folder import check_writable, write_parquet
+    from simulator.outputs.run_folder import check_output_file, write_parquet
     from simulator.run.sizing import gpu_shard, kv_cache_blocks
 
     if context < 1:
@@ -114,7 +114,7 @@ def batch_table_command(context: int, batches: str, model: str, gpu: str, cost: 
     sizes = parse_int_list(batches, "--batch")
     for path, flag_name in ((out, "--out"), (Path(plot) if plot else None, "--plot")):
         if path is not None:
-            check_writable(path, flag_name)
+            check_output_file(path, flag_name)
     spec, hardware = load_model(model), load_gpu(gpu)
     # KV capacity as a default continuous-batching server of this memory share would have it.
     config = RunConfig(model=model, gpu=gpu, cost=cost, gpu_memory_utilization=gpu_memory_utilization,

@@ -68,7 +68,7 @@ def compare_command(results: tuple[Path, ...], gpu: tuple[str, ...], tensor_para
                     quantization: str | None, kv_cache_dtype: str, model: str | None, max_num_batched_tokens: int,
                     max_num_seqs: int, seed: int, out: Path | None) -> None:
     """Rerun measured results (vLLM bench serve JSON, silicon CSV) and print measured against simulated."""
-    from simulator.outputs.run_folder import check_writable, write_parquet
+    from simulator.outputs.run_folder import check_output_file, write_parquet
     from simulator.sim2real.compare import Scheduler, compare_points, summary, with_deployment
     from simulator.sim2real.measured import read_points
 
@@ -82,7 +82,7 @@ def compare_command(results: tuple[Path, ...], gpu: tuple[str, ...], tensor_para
     if seed < 0:
         raise InputError(f"--seed must be an integer >= 0, got {seed}")
     if out is not None:
-        check_writable(out, "--out")
+        check_output_file(out, "--out")
     points = []
     for path in results:
         for point in read_points(path, model):

@@ -2,14 +2,17 @@
 
 Each verb lives in its own module and is imported only when it runs or shows its help, so a run
 loads no plotting, calibration or sweep code, and `simulate --help` loads none of them.
-Bad input ends with one line naming the bad value and exit status 2, never a traceback.
+Bad input ends with one line naming the bad value and exit status 2, a fault of the file system
+with one line and exit status 1, never a traceback.
 """
 
 from __future__ import annotations
 
 import ast
+import difflib
 import importlib
 import importlib.util
+import os
 import re
 import sys
 from collections.abc import Callable
@@ -19,7 +22,7 @@ from typing import Any
 import click
 from click_default_group import DefaultCommandFormatter, DefaultGroup
 
-from simulator.errors import InputError
+from simulator.errors import InputError, clip
 
 VERBS = {
     "run": "simulator.cli.run_command:run_command",
@@ -62,7 +65,12 @@ class LazyGroup(DefaultGroup):
         return sorted(self.verbs)
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
-        # A word that names no verb is the default verb's first argument (DefaultGroup's rule).
+        # An option that names no verb is the default verb's (DefaultGroup's rule: `simulate --rate 12`);
+        # a word is a verb mistyped, as the default verb takes options only.
+        if cmd_name not in self.verbs and not cmd_name.startswith("-"):
+            close = difflib.get_close_matches(cmd_name, self.verbs, n=1)
+            hint = f"did you mean {close[0]!r}?" if close else f"the commands are {', '.join(sorted(self.verbs))}"
+            raise click.UsageError(f"no such command {clip(repr(cmd_name))} ({hint})", ctx)
         self.load(cmd_name if cmd_name in self.verbs else self.default_cmd_name)
         return super().get_command(ctx, cmd_name)
 
@@ -114,11 +122,35 @@ def as_typed(message: str, args: list[str]) -> str:
     return message
 
 
+def os_error_line(exc: OSError) -> str:
+    """A file-system fault as one line: what failed, on which file (at most ~80 characters of its name)."""
+    files = [clip(repr(str(name))) for name in (exc.filename, exc.filename2) if name is not None]
+    what = exc.strerror or str(exc) or type(exc).__name__
+    return f"{what}: {' -> '.join(files)}" if files else what
+
+
+def stdout_failed() -> bool:
+    """Flush stdout; if it cannot be written (a closed pipe, a full device), point it at /dev/null so
+    that the interpreter's last flush does not fail again, and say so."""
+    try:
+        sys.stdout.flush()
+    except OSError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return True
+    return False
+
+
 def run(argv: list[str] | None = None, exit: Callable[[int], Any] = sys.exit) -> None:
-    """Entry point: user errors become one line on stderr and a non-zero exit."""
+    """Entry point: user errors become one line on stderr and a non-zero exit, and so do faults of
+    the file system (a full disk, a folder that cannot be read, stdout closed): exit status 1."""
     args = join_goodput_values(sys.argv[1:] if argv is None else argv)
     try:
         main.main(args=args, prog_name="simulate", standalone_mode=False)
+        sys.stdout.flush()  # a full device or a closed pipe on stdout shows here, not as the interpreter ends
+    except OSError as exc:  # I/O only: anything else that escapes is a bug and keeps its traceback
+        where = "cannot write to standard output: " if stdout_failed() else ""
+        click.echo(f"error: {where}{os_error_line(exc)}", err=True)
+        exit(1)
     except InputError as exc:
         click.echo(f"error: {as_typed(str(exc), args)}", err=True)
         exit(2)

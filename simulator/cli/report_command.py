@@ -22,5 +22,13 @@ def report_command(path: Path, out: Path | None, open_page: bool) -> None:
 
     page = write_report(path, out)
     click.echo(f"wrote {page}")
-    if open_page:
-        webbrowser.open(page.resolve().as_uri())
+    if open_page and not opened(page):
+        click.echo(f"warning: no browser could be opened (no display?); the page is {page.resolve()}", err=True)
+
+
+def opened(page: Path) -> bool:
+    """Whether a browser took the page: webbrowser says False, or raises, when none can be started."""
+    try:
+        return webbrowser.open(page.resolve().as_uri())
+    except webbrowser.Error:
+        return False

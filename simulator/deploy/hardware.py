@@ -16,7 +16,9 @@ from typing import Any
 
 import polars as pl
 
-from simulator.errors import InputError
+from simulator.deploy.hf_config import read_json
+from simulator.deploy.model import DTYPE_BYTES, ModelSpec
+from simulator.errors import InputError, clip
 
 PROFILES_DIR = Path(__file__).resolve().parents[2] / "calibration" / "profiles"
 
@@ -58,14 +60,36 @@ class GpuSpec:
     """Fixed time of one collective beyond the measured ones."""
 
     def __post_init__(self) -> None:
-        may_be_zero = ("step_overhead", "per_sequence_overhead", "per_token_overhead", "interconnect_latency")
         for f in fields(self):
             value = getattr(self, f.name)
-            if f.name in ("name", "source") or (value is None and f.default is None):
-                continue
-            if (not isinstance(value, (int, float)) or isinstance(value, bool) or not value >= 0
-                    or (value == 0 and f.name not in may_be_zero)):
-                raise InputError(f"GPU profile {self.name!r}: {f.name} must be positive, got {value!r}")
+            if f.name in ("name", "source"):
+                if not isinstance(value, str):
+                    raise InputError(f"GPU profile: {f.name} must be a string, got {clip(repr(value))}")
+            elif not (value is None and f.default is None):
+                check_range(value, f.name, f"GPU profile {self.name!r}")
+
+
+# Each number's physical range, (least, most): far past any GPU's, so that a value outside is a
+# typo, a unit mistaken or a corrupted file. A least of 0 is excluded but for the times that may be 0.
+BYTES_PER_S, FLOPS, SECONDS = (0.0, 1e15), (0.0, 1e18), (0.0, 1.0)
+RANGES: dict[str, tuple[float, float]] = {
+    "memory_bytes": (2**20, 2**50), "datasheet_mem_bw": BYTES_PER_S, "datasheet_flops": FLOPS,
+    "mem_bw": BYTES_PER_S, "attn_bw": BYTES_PER_S, "fp8_mem_bw": BYTES_PER_S, "interconnect_bw": BYTES_PER_S,
+    "gemm_flops": FLOPS, "attn_flops": FLOPS, "fp8_gemm_flops": FLOPS, "kernel_latency": SECONDS,
+    "attn_kernel_latency": SECONDS, "step_overhead": SECONDS, "per_sequence_overhead": SECONDS,
+    "per_token_overhead": SECONDS, "interconnect_latency": SECONDS, "client_time": SECONDS,
+}
+MAY_BE_ZERO = ("step_overhead", "per_sequence_overhead", "per_token_overhead", "interconnect_latency", "client_time")
+
+
+def check_range(value: Any, name: str, where: str) -> float:
+    """`value` as a number within `name`'s physical range, or refused naming `where` it is."""
+    least, most = RANGES[name]
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if not (number and least <= value <= most and (value > 0 or name in MAY_BE_ZERO)):
+        low = "[0" if name in MAY_BE_ZERO else f"({least:g}" if least == 0 else f"[{least:g}"
+        raise InputError(f"{where}: {name} must be a number in {low}, {most:g}], got {clip(repr(value))}")
+    return float(value)
 
 
 def available_gpus() -> list[str]:
@@ -74,33 +98,37 @@ def available_gpus() -> list[str]:
 
 def profile_dir(name_or_path: str) -> Path:
     """The folder of a shipped profile by name (`h100_sxm`), or of a profile folder or file path."""
-    if (PROFILES_DIR / name_or_path / "roofline.json").exists():
-        return PROFILES_DIR / name_or_path
-    path = Path(name_or_path)
-    folder = path if path.is_dir() else path.parent
-    if path.exists() and not (folder / "roofline.json").is_file():
-        raise InputError(f"--gpu {name_or_path!r} is not a GPU profile: {str(folder)!r} has no roofline.json "
-                         "(the format is in calibration/README.md)")
-    if not path.exists():
-        raise InputError(f"unknown GPU {name_or_path!r}: not a shipped profile ({', '.join(available_gpus())}) "
-                         "and no such profile folder")
+    try:
+        if (PROFILES_DIR / name_or_path / "roofline.json").exists():
+            return PROFILES_DIR / name_or_path
+        path = Path(name_or_path)
+        folder = path if path.is_dir() else path.parent
+        found = path.exists()
+        if found and not (folder / "roofline.json").is_file():
+            raise InputError(f"--gpu {clip(repr(name_or_path))} is not a GPU profile: {str(folder)!r} has no "
+                             "roofline.json (the format is in calibration/README.md)")
+    except (OSError, ValueError) as exc:  # a name too long for a path, or holding a NUL
+        if isinstance(exc, InputError):
+            raise
+        raise InputError(f"unknown GPU {clip(repr(name_or_path))}: {exc}") from None
+    if not found:
+        raise InputError(f"unknown GPU {clip(repr(name_or_path))}: not a shipped profile "
+                         f"({', '.join(available_gpus())}) and no such profile folder")
     return folder
 
 
 def load_gpu(name_or_path: str) -> GpuSpec:
     """The roofline constants of a shipped profile by name, or of a profile folder or file path."""
     path = profile_dir(name_or_path) / "roofline.json"
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise InputError(f"cannot read GPU profile {str(path)!r}: {exc}") from None
-    if not isinstance(data, dict):
-        raise InputError(f"GPU profile {str(path)!r} is not a JSON object")
+    data = read_json(path, "GPU profile")
     required = {f.name for f in fields(GpuSpec) if f.default is MISSING}
     missing = sorted(required - set(data))
     if missing:
         raise InputError(f"GPU profile {str(path)!r} lacks {', '.join(missing)}")
-    return GpuSpec(**{f.name: data[f.name] for f in fields(GpuSpec) if f.name in data})
+    try:
+        return GpuSpec(**{f.name: data[f.name] for f in fields(GpuSpec) if f.name in data})
+    except InputError as exc:
+        raise InputError(f"{exc} (in {str(path)!r})") from None
 
 
 # Operator families and the columns each table must have. Latencies are seconds, sizes bytes/tokens.
@@ -123,6 +151,34 @@ OPTIONAL_TABLES: dict[str, tuple[str, ...]] = {
 VALIDATION_COLUMNS = ("kind", "batch_size", "new_tokens", "context", "latency")
 META_KEYS = ("format", "name", "device", "memory_bytes", "datasheet_mem_bw", "datasheet_flops", "dtype", "libraries",
              "date", "source", "step_overhead", "families")
+META_TYPES: dict[str, type] = {"format": int, "name": str, "device": str, "dtype": str, "libraries": dict, "date": str,
+                               "source": str, "families": dict}
+NUMBER = (int, float)
+FIT_TERMS = ("step_overhead", "per_sequence_overhead", "per_token_overhead", "client_time")
+FIT_SHAPE = {
+    "values": dict.fromkeys(FIT_TERMS, NUMBER), "units": dict.fromkeys(FIT_TERMS, str),
+    "fitted_on": {"files": [str], "points": int, "weights": str, "tensor_parallel_sizes": (list, str),
+                  "statistics": [str]},
+    "median_abs_error": {"*": {"*": NUMBER}},
+    "residuals": [{"point": str, "tensor_parallel_size": int, "statistic": str, "measured": NUMBER,
+                   "simulated": NUMBER, "error": NUMBER, "held_out": bool}],
+}
+"""The host-overhead fit `simulate fit` records in profile.json (its rounds' profiles hold the values
+only), as JSON types: an object's fields (`"*"`: its every field), a list's items, or the types a
+value may have."""
+
+
+def has_shape(value: Any, shape: Any) -> bool:
+    """Whether JSON `value` is of `shape` (as FIT_SHAPE writes one); true or false is no number."""
+    if isinstance(shape, dict):
+        if not isinstance(value, dict):
+            return False
+        if "*" in shape:
+            return all(has_shape(item, shape["*"]) for item in value.values())
+        return all(key in value and has_shape(value[key], part) for key, part in shape.items())
+    if isinstance(shape, list):
+        return isinstance(value, list) and all(has_shape(item, shape[0]) for item in value)
+    return isinstance(value, shape) and (shape is bool or not isinstance(value, bool))
 
 
 @dataclass(frozen=True, eq=False)
@@ -141,17 +197,82 @@ class Profile:
         return float(self.meta["step_overhead"])
 
 
+TEXT_COLUMNS = ("op", "dtype", "kind")
+MAX_SIZE = 2**50
+"""The largest size a table may hold (bytes, tokens, a batch): past any GPU's memory."""
+MAX_LATENCY = 3600.0
+"""The longest kernel or pass a table may hold, seconds."""
+
+
 def _read_table(path: Path, columns: tuple[str, ...]) -> pl.DataFrame:
+    """A profile table's columns, each of its type (text, a latency in seconds, an integer size),
+    without gaps and in its range; a bad value is refused naming its 1-based row."""
     try:
         table = pl.read_parquet(path)
     except (OSError, pl.exceptions.PolarsError) as exc:
-        raise InputError(f"cannot read profile table {str(path)!r}: {exc}") from None
+        raise InputError(f"cannot read profile table {str(path)!r}: {clip(str(exc))}") from None
     missing = [c for c in columns if c not in table.columns]
     if missing:
         raise InputError(f"profile table {str(path)!r} lacks {', '.join(missing)}")
-    if table.height and not table["latency"].min() > 0:  # type: ignore[operator]
-        raise InputError(f"profile table {str(path)!r} has a latency <= 0")
-    return table.select(columns)
+    table = table.select(columns)
+    for name in columns:
+        _check_column(table[name], path)
+    return table
+
+
+def _check_column(column: pl.Series, path: Path) -> None:
+    name = column.name
+    if name in TEXT_COLUMNS:
+        expected, fits = "text", column.dtype == pl.String
+    elif name == "latency":
+        expected, fits = f"seconds in (0, {MAX_LATENCY:g}]", column.dtype.is_numeric()
+    else:
+        expected, fits = "integers in [0, 2**50]", column.dtype.is_integer()
+    if not fits:
+        raise InputError(f"profile table {str(path)!r}: column {name} has type {column.dtype}; expected {expected}")
+    if name in TEXT_COLUMNS:
+        inside = column.is_not_null()
+    elif name == "latency":
+        inside = column.cast(pl.Float64).is_between(0, MAX_LATENCY, closed="right")  # NaN sorts above all
+    else:
+        inside = column.cast(pl.Float64).is_between(0, MAX_SIZE)
+    rows = (~inside.fill_null(False)).arg_true()
+    if rows.len():
+        raise InputError(f"profile table {str(path)!r}: row {rows[0] + 1} has {name} {clip(repr(column[rows[0]]))}; "
+                         f"expected {expected}")
+
+
+def _check_meta(meta: dict[str, Any], path: Path) -> None:
+    """profile.json's fields: each present, of its type, the numbers in their physical ranges; the
+    model its passes were measured on, if any, a whole one; the host-overhead fit, if any, whole."""
+    where = f"{str(path)!r}"
+    missing = [key for key in META_KEYS if key not in meta]
+    if missing:
+        raise InputError(f"{where} lacks {', '.join(missing)}")
+    for key, kind in META_TYPES.items():
+        if not isinstance(meta[key], kind) or isinstance(meta[key], bool):
+            raise InputError(f"{where}: {key} must be a JSON {kind.__name__}, got {clip(json.dumps(meta[key]))}")
+    for key in ("memory_bytes", "datasheet_mem_bw", "datasheet_flops", "step_overhead"):
+        check_range(meta[key], key, where)
+    if meta["dtype"] not in DTYPE_BYTES:
+        raise InputError(f"{where}: dtype {clip(repr(meta['dtype']))} is not one of {', '.join(DTYPE_BYTES)}")
+    model = meta.get("model")
+    if model is not None:
+        known = {f.name for f in fields(ModelSpec)}
+        if not isinstance(model, dict) or not set(model) <= known:
+            raise InputError(f"{where}: model must be an object of {', '.join(sorted(known))}, "
+                             f"got {clip(json.dumps(model))}")
+        try:
+            ModelSpec(**model)
+        except (TypeError, InputError) as exc:  # TypeError: a field it must have is missing
+            raise InputError(f"{where}: model {clip(str(exc))}") from None
+    fit = meta.get("host_overhead_fit")
+    if fit is not None:  # runs read its values; `simulate validate` shows the rest when it is whole
+        if not (isinstance(fit, dict) and has_shape(fit.get("values"), FIT_SHAPE["values"])):
+            raise InputError(f"{where}: host_overhead_fit must hold values of {', '.join(FIT_TERMS)}, as `simulate "
+                             f"fit` writes it, got {clip(json.dumps(fit))}")
+        for term in FIT_TERMS:
+            check_range(fit["values"][term], term, f"{where}: host_overhead_fit.values")
 
 
 def load_profile(name_or_path: str) -> Profile:
@@ -166,15 +287,8 @@ def _load_profile(folder: Path, _mtime: int) -> Profile:
     meta_path = folder / "profile.json"
     if not meta_path.is_file():
         raise InputError(f"profile {str(folder)!r} has no profile.json (only a roofline): use --cost roofline")
-    try:
-        meta = json.loads(meta_path.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise InputError(f"cannot read {str(meta_path)!r}: {exc}") from None
-    missing = [key for key in META_KEYS if key not in meta]
-    if missing:
-        raise InputError(f"{str(meta_path)!r} lacks {', '.join(missing)}")
-    if not (isinstance(meta["step_overhead"], (int, float)) and meta["step_overhead"] >= 0):
-        raise InputError(f"{str(meta_path)!r}: step_overhead must be >= 0 seconds, got {meta['step_overhead']!r}")
+    meta = read_json(meta_path, "profile")
+    _check_meta(meta, meta_path)
     tables = {family: _read_table(folder / f"{family}.parquet", columns) for family, columns in TABLE_COLUMNS.items()}
     tables |= {family: _read_table(folder / f"{family}.parquet", columns)
                for family, columns in OPTIONAL_TABLES.items() if (folder / f"{family}.parquet").exists()}

@@ -1,20 +1,19 @@
 """Model specs: the shapes that decide what a forward pass reads and computes.
 
-A spec comes from a Hugging Face `config.json` (a local file, never a download; every field read is
-checked, and an architecture servesim cannot price is refused naming the field) or a built-in name.
-Weight bytes, KV bytes per token and the linear layers' shapes are derived from it, never typed in.
-`deployed` applies a run's dtypes and `shard` gives the slice one GPU holds under tensor
-parallelism, as vLLM splits it.
+A spec comes from a Hugging Face `config.json` (a local file, never a download, its fields checked by
+`simulator.deploy.hf_config`) or a built-in name. Weight bytes, KV bytes per token and the linear
+layers' shapes are derived from it, never typed in. `deployed` applies a run's dtypes and `shard`
+gives the slice one GPU holds under tensor parallelism, as vLLM splits it.
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
-from simulator.errors import InputError
+from simulator.deploy.hf_config import ConfigFile, quant_config_beside, read_json
+from simulator.errors import InputError, clip
 
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "fp8": 1, "fp8_block": 1}
 """Bytes per element. `fp8_block` is fp8 with per-block scales (128 x 128, as DeepSeek and Qwen ship
@@ -221,115 +220,13 @@ BUILTIN_MODELS = {spec.name: spec for spec in (LLAMA_3_1_8B, LLAMA_3_1_70B, LLAM
                                                MIXTRAL_8X7B, TINY)}
 
 
-SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
-                           "MixtralForCausalLM", "Qwen3MoeForCausalLM")
-# Fields that mean attention or MLP servesim cannot price, and the reason; refused when present and not
-# switched off (None, False, 0, [] or, for the sparse step, 1).
-UNSUPPORTED_FIELDS = {
-    "kv_lora_rank": "multi-head latent attention (MLA)",
-    "q_lora_rank": "multi-head latent attention (MLA)",
-    "full_attention_interval": "linear attention layers",
-    "linear_num_value_heads": "linear attention layers",
-    "n_shared_experts": "shared experts",
-    "shared_expert_intermediate_size": "shared experts",
-    "first_k_dense_replace": "dense layers among the MoE layers",
-    "mlp_only_layers": "dense layers among the MoE layers",
-}
-
-
-class ConfigFile:
-    """A config.json's fields, each read with its type and range checked: one line naming the
-    field and the value when it is wrong."""
-
-    def __init__(self, path: Path, data: dict[str, Any]) -> None:
-        self.path, self.data = path, data
-
-    def fail(self, message: str) -> NoReturn:
-        raise InputError(f"model config {str(self.path)!r}: {message}")
-
-    def positive_int(self, key: str, default: int | None = None) -> int:
-        value = self.data.get(key)
-        if value is None:
-            if default is None:
-                self.fail(f"lacks {key}")
-            return default
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            self.fail(f"{key} must be a positive integer, got {json.dumps(value)}")
-        return value
-
-    def text(self, key: str, default: str) -> str:
-        value = self.data.get(key)
-        if value is None:
-            return default
-        if not isinstance(value, str):
-            self.fail(f"{key} must be a string, got {json.dumps(value)}")
-        return value
-
-    def flag(self, key: str, default: bool) -> bool:
-        value = self.data.get(key)
-        if value is None:
-            return default
-        if not isinstance(value, bool):
-            self.fail(f"{key} must be true or false, got {json.dumps(value)}")
-        return value
-
-    def refuse_unsupported(self) -> None:
-        architectures = self.data.get("architectures")
-        if not (isinstance(architectures, list) and architectures and all(isinstance(a, str) for a in architectures)):
-            self.fail(f"architectures must be a list of names, got {json.dumps(architectures)}")
-        if not set(architectures) & set(SUPPORTED_ARCHITECTURES):
-            self.fail(f"architectures {', '.join(architectures)} is not one servesim can price "
-                      f"(supported: {', '.join(SUPPORTED_ARCHITECTURES)})")
-        for key, what in UNSUPPORTED_FIELDS.items():
-            if self.data.get(key) not in (None, False, 0, []):
-                self.fail(f"{key} {json.dumps(self.data[key])} means {what}, which servesim cannot price")
-        if self.data.get("sliding_window") is not None and self.data.get("use_sliding_window", True) is not False:
-            self.fail(f"sliding_window {json.dumps(self.data['sliding_window'])} means sliding-window attention, "
-                      "which servesim cannot price")
-        if self.data.get("decoder_sparse_step", 1) != 1:
-            self.fail(f"decoder_sparse_step {json.dumps(self.data['decoder_sparse_step'])} means dense layers "
-                      "among the MoE layers, which servesim cannot price")
-        if self.text("hidden_act", "silu") != "silu":
-            self.fail(f"hidden_act {self.data['hidden_act']!r}: servesim prices gated SiLU MLPs only")
-
-    def weight_dtype(self, quant: dict[str, Any] | None) -> str | None:
-        """fp8 when the checkpoint says so (`quantization_config`, or modelopt's hf_quant_config.json)."""
-        config = self.data.get("quantization_config")
-        if config is None and quant is None:
-            return None
-        if config is not None:
-            if not isinstance(config, dict):
-                self.fail(f"quantization_config must be an object, got {json.dumps(config)}")
-            method = config.get("quant_method")
-            if method != "fp8":
-                self.fail(f"quantization_config.quant_method {json.dumps(method)}: servesim prices fp8 only")
-            return "fp8_block" if config.get("weight_block_size") is not None else "fp8"
-        assert quant is not None
-        algo = quant.get("quantization", {}).get("quant_algo") if isinstance(quant.get("quantization"), dict) else None
-        if algo != "FP8":
-            self.fail(f"hf_quant_config.json quant_algo {json.dumps(algo)}: servesim prices FP8 only")
-        return "fp8"
-
-
-def read_json(path: Path, what: str) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text())
-    except OSError as exc:
-        raise InputError(f"cannot read {what} {str(path)!r}: {exc.strerror}") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise InputError(f"{what} {str(path)!r} is not valid JSON: {exc}") from None
-    if not isinstance(data, dict):
-        raise InputError(f"{what} {str(path)!r} is not a JSON object")
-    return data
-
-
 def from_hf_config(path: Path) -> ModelSpec:
     """Read a Hugging Face `config.json` of a supported architecture (and, beside it, modelopt's
     `hf_quant_config.json` if there is one)."""
     config = ConfigFile(path, read_json(path, "model config"))
     config.refuse_unsupported()
-    quant_path = path.with_name(path.name.replace("config.json", "hf_quant_config.json"))
-    quant = read_json(quant_path, "quantization config") if quant_path.is_file() else None
+    quant_path = quant_config_beside(path)
+    quant = read_json(quant_path, "quantization config") if quant_path and quant_path.is_file() else None
     num_layers = config.positive_int("num_hidden_layers")
     hidden = config.positive_int("hidden_size")
     num_heads = config.positive_int("num_attention_heads")
@@ -344,9 +241,10 @@ def from_hf_config(path: Path) -> ModelSpec:
         moe_intermediate = config.positive_int("moe_intermediate_size", intermediate)
     dtype = config.text("torch_dtype", config.text("dtype", "bfloat16"))
     if dtype not in ("bfloat16", "float16", "float32"):
-        config.fail(f"torch_dtype {dtype!r} is not one of bfloat16, float16, float32")
-    return ModelSpec(
-        name=Path(config.text("_name_or_path", "")).name or path.parent.name or path.stem,
+        config.fail(f"torch_dtype {clip(repr(dtype))} is not one of bfloat16, float16, float32")
+    name = Path(config.text("_name_or_path", "")).name or (path.name.endswith("config.json") and path.parent.name)
+    shapes: dict[str, Any] = dict(
+        name=name or path.stem,
         num_layers=num_layers,
         hidden_size=hidden,
         num_heads=num_heads,
@@ -363,6 +261,10 @@ def from_hf_config(path: Path) -> ModelSpec:
         moe_intermediate_size=moe_intermediate,
         source=str(path),
     )
+    try:
+        return ModelSpec(**shapes)
+    except InputError as exc:  # shapes that do not fit together: say which file holds them
+        config.fail(str(exc))
 
 
 def load_model(name_or_path: str) -> ModelSpec:

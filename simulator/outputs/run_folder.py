@@ -61,23 +61,35 @@ def parquet_metadata(metadata: dict[str, Any]) -> dict[bytes, bytes]:
     return {METADATA_KEY: json.dumps(json_safe(metadata)).encode()}
 
 
-def write_parquet(frame: pl.DataFrame, path: Path, metadata: dict[str, Any],
-                  progress: Callable[[int], None] | None = None) -> None:
-    """Parquet with the run's settings in the file's key-value metadata under b"servesim";
-    `progress` is called with the rows written so far (the file is the same as pq.write_table's)."""
-    table = frame.to_arrow()
-    table = table.replace_schema_metadata(parquet_metadata(metadata))
+@contextmanager
+def atomic_file(path: Path) -> Iterator[Path]:
+    """A scratch file beside `path` to write, renamed onto `path` when the block ends and removed
+    if it raises (a full disk, an interrupt): the file is whole or not there, never half-written.
+    It is opened by the caller as any file, so its mode is the umask's (0644 as a rule)."""
     partial = path.with_name(f".{path.name}.partial")
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
-        with pq.ParquetWriter(partial, table.schema) as writer:
-            for offset in range(0, max(table.num_rows, 1), ROW_GROUP_ROWS):
-                writer.write_table(table.slice(offset, ROW_GROUP_ROWS), row_group_size=ROW_GROUP_ROWS)
-                if progress is not None:
-                    progress(min(offset + ROW_GROUP_ROWS, table.num_rows))
+        yield partial
         os.replace(partial, path)
+    except OSError as exc:
+        if exc.filename is not None:
+            raise
+        raise OSError(exc.errno, exc.strerror or str(exc), str(path)) from exc  # a write fault names no file
     finally:
         partial.unlink(missing_ok=True)
+
+
+def write_parquet(frame: pl.DataFrame, path: Path, metadata: dict[str, Any],
+                  progress: Callable[[int], None] | None = None) -> None:
+    """Parquet with the run's settings in the file's key-value metadata under b"servesim", whole or
+    not at all; `progress` is called with the rows written so far (the file is pq.write_table's)."""
+    table = frame.to_arrow()
+    table = table.replace_schema_metadata(parquet_metadata(metadata))
+    with atomic_file(path) as partial, pq.ParquetWriter(partial, table.schema) as writer:
+        for offset in range(0, max(table.num_rows, 1), ROW_GROUP_ROWS):
+            writer.write_table(table.slice(offset, ROW_GROUP_ROWS), row_group_size=ROW_GROUP_ROWS)
+            if progress is not None:
+                progress(min(offset + ROW_GROUP_ROWS, table.num_rows))
 
 
 def read_metadata(path: Path) -> dict[str, Any]:
@@ -99,6 +111,14 @@ def check_out_dir(out: Path) -> None:
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise InputError(f"--out {str(out)!r} already exists and is not an empty folder")
     check_writable(out, "--out")
+
+
+def check_output_file(path: Path, flag: str) -> None:
+    """Refuse, before any work, an output file's path that names a folder or whose folder takes no
+    new files."""
+    if path.is_dir():
+        raise InputError(f"{flag} {str(path)!r} is a folder; give the name of the file to write in it")
+    check_writable(path, flag)
 
 
 def check_writable(path: Path, flag: str, *, inside: bool = False) -> None:

@@ -16,8 +16,6 @@ from __future__ import annotations
 import datetime as dt
 import json
 import math
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -25,23 +23,32 @@ import numpy as np
 import polars as pl
 
 from simulator.config import RunConfig
-from simulator.errors import InputError
+from simulator.errors import InputError, clip
 from simulator.metrics.tables import Tables
-from simulator.outputs.run_folder import json_safe
+from simulator.outputs.run_folder import atomic_file, check_writable, json_safe
 
 BACKEND = "servesim"
 DETAILED = ("input_lens", "output_lens", "ttfts", "itls", "start_times", "errors")
 
 
 def result_path(config: RunConfig, result_dir: Path | None, result_filename: str | None, now: dt.datetime) -> Path:
-    """vLLM's default name, `{backend}-{rate}qps[-concurrency{N}]-{model}-{date}.json`, in --result-dir."""
+    """Where --save-result writes, checked before the run so that no run's result is lost to a bad
+    path: vLLM's default name, `{backend}-{rate}qps[-concurrency{N}]-{model}-{date}.json`, or
+    --result-filename, in --result-dir (never outside it: `../x.json` is refused), a file that does
+    not exist yet in a folder that takes new files."""
     rate = config.rate if config.rate is not None else math.inf
     concurrency = f"-concurrency{config.concurrency}" if config.concurrency is not None else ""
-    model = Path(config.model).parent.name if config.model.endswith(".json") else config.model
+    # A model given as a path is named by its folder: its slashes would make folders of the name.
+    model = Path(config.model).parent.name if config.model.endswith(".json") else Path(config.model).name
     name = result_filename or f"{BACKEND}-{rate}qps{concurrency}-{model}-{now:%Y%m%d-%H%M%S}.json"
+    if Path(name).is_absolute() or ".." in Path(name).parts:
+        raise InputError(f"the result file's name {clip(repr(name))} leads outside --result-dir; give a name in it")
     path = (result_dir or Path()) / name
+    if path.is_dir():
+        raise InputError(f"--result-filename {str(path)!r} is a folder; give the name of the file to write")
     if path.exists():
         raise InputError(f"--result-filename {str(path)!r} already exists")
+    check_writable(path, "--result-dir" if result_filename is None else "--result-filename")
     return path
 
 
@@ -114,13 +121,7 @@ def vllm_result(summary: dict[str, Any], config: RunConfig, tables: Tables, perc
 
 
 def write_result(path: Path, result: dict[str, Any]) -> None:
-    """Whole or not at all: written beside its place and renamed into it."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, scratch = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(handle, "w") as file:
-            json.dump(json_safe(result), file)
-        os.replace(scratch, path)
-    except BaseException:
-        Path(scratch).unlink(missing_ok=True)
-        raise
+    """Whole or not at all (written beside its place and renamed into it), with the mode of every
+    other output."""
+    with atomic_file(path) as partial, partial.open("w") as file:
+        json.dump(json_safe(result), file)

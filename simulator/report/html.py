@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import html
 import math
-import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from simulator.errors import InputError
+from simulator.errors import InputError, clip
+from simulator.outputs.run_folder import atomic_file
 
 if TYPE_CHECKING:  # plotly loads when a page is drawn
     import plotly.graph_objects as go
@@ -24,8 +24,7 @@ PAGE_STYLE = ("body{font-family:sans-serif;margin:1.5em} table{border-collapse:c
 
 def shown(value: object) -> str:
     """A value from a file, quoted and cut short for an error line."""
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
+    return clip(repr(value))
 
 
 def number(value: object) -> float | None:
@@ -81,12 +80,8 @@ def write_page(path: Path, title: str, intro: str, figures: dict[str, go.Figure]
     subject = subject or repr(str(path))
     if path.is_dir():
         raise InputError(f"{subject} is a folder; name the HTML file to write, e.g. {str(path / 'report.html')!r}")
-    partial = path.with_name(f".{path.name}.partial")
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        partial.write_text(page)
-        os.replace(partial, path)
+        with atomic_file(path) as partial:
+            partial.write_text(page)
     except OSError as exc:
         raise InputError(f"{subject} cannot be written ({exc.strerror or exc})") from None
-    finally:
-        partial.unlink(missing_ok=True)

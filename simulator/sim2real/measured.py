@@ -10,14 +10,16 @@ statistics in seconds (`ttft_mean`, `tpot_median`, ..., throughputs in requests 
 from __future__ import annotations
 
 import csv
+import io
 import json
 import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from simulator.deploy.hardware import available_gpus
-from simulator.errors import InputError
+from simulator.errors import InputError, clip
 
 HF_MODELS: dict[str, tuple[str, str | None]] = {
     "qwen/qwen3-32b": ("qwen3-32b", None),
@@ -66,36 +68,53 @@ class MeasuredPoint:
     """Statistic name (`ttft_mean`, `request_throughput`, ...) to its measured value."""
 
 
+MAX_TOKENS = 1 << 31
+"""The longest prompt or output a measured request may have: past every model's context."""
+MAX_REQUESTS = 1_000_000
+"""The most requests a measured point may hold (each is rerun): more than one benchmark sends."""
+MAX_CONCURRENCY = 100_000
+MAX_TENSOR_PARALLEL = 1024
+MAX_MS = 86_400_000.0
+"""The longest measured latency taken as a measurement (a day), in ms."""
+MAX_RATE = 1e6
+"""The highest request rate taken as measured, per second."""
+BURSTINESS = (1e-3, 1e3)
+
+
 def map_model(model_path: str, where: str) -> tuple[str, str | None]:
     try:
         return HF_MODELS[model_path.lower()]
     except KeyError:
-        raise InputError(f"{where}: model {model_path!r} cannot be mapped to a servesim model "
+        raise InputError(f"{where}: model {clip(repr(model_path))} cannot be mapped to a servesim model "
                          f"(known: {', '.join(sorted(HF_MODELS))})") from None
 
 
 def map_gpu(system: str, where: str) -> str:
     if system not in available_gpus():
-        raise InputError(f"{where}: system {system!r} has no shipped GPU profile ({', '.join(available_gpus())})")
+        raise InputError(f"{where}: system {clip(repr(system))} has no shipped GPU profile "
+                         f"({', '.join(available_gpus())})")
     return system
 
 
-def positive_int(value: Any, name: str, where: str) -> int:
-    number = int(value) if isinstance(value, str) and value.strip().isdigit() else value
-    if isinstance(number, bool) or not isinstance(number, int) or number < 1:
-        raise InputError(f"{where}: {name} must be a positive integer, got {value!r}")
+def positive_int(value: Any, name: str, where: str, most: int) -> int:
+    """An integer in [1, most]: a JSON integer, or a CSV cell of ASCII digits."""
+    number = int(value) if isinstance(value, str) and re.fullmatch(r"[0-9]{1,30}", value.strip()) else value
+    if isinstance(number, bool) or not isinstance(number, int) or not 1 <= number <= most:
+        raise InputError(f"{where}: {name} must be an integer in [1, {most}], got {clip(repr(value))}")
     return number
 
 
-def positive_float(value: Any, name: str, where: str) -> float:
+def positive_float(value: Any, name: str, where: str, most: float) -> float:
+    """A number in (0, most]: a JSON number, or a CSV cell that reads as one."""
+    number = value
     if isinstance(value, str):
         try:
-            value = float(value)
+            number = float(value)
         except ValueError:
-            raise InputError(f"{where}: {name} must be a number, got {value!r}") from None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (0 < value < math.inf):
-        raise InputError(f"{where}: {name} must be a finite number > 0, got {value!r}")
-    return float(value)
+            raise InputError(f"{where}: {name} must be a number, got {clip(repr(value))}") from None
+    if isinstance(number, bool) or not isinstance(number, (int, float)) or not 0 < number <= most:
+        raise InputError(f"{where}: {name} must be a number in (0, {most:g}], got {clip(repr(value))}")
+    return float(number)
 
 
 def read_points(path: Path, model: str | None = None) -> list[MeasuredPoint]:
@@ -110,41 +129,74 @@ def read_points(path: Path, model: str | None = None) -> list[MeasuredPoint]:
     raise InputError(f"{str(path)!r} is neither a measured-points CSV nor a vllm bench serve result JSON")
 
 
+def read_text(path: Path) -> str:
+    """The file as text; a byte that is not UTF-8 is refused naming its line."""
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise InputError(f"cannot read {str(path)!r}: {exc.strerror}") from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        raise InputError(f"{path.name} line {line}: not UTF-8 text ({clip(repr(data[exc.start:exc.end + 8]))})"
+                         ) from None
+
+
+def csv_rows(path: Path) -> list[tuple[str, dict[str, str]]]:
+    """A CSV's rows, each with where it is ("points.csv line 7": the header is line 1, and a quoted
+    cell may hold line breaks, as in an editor); blank lines skipped."""
+    reader = csv.reader(io.StringIO(read_text(path), newline=""))
+    rows = []
+    begun = 1
+    try:
+        header = next(reader, [])
+        repeated = sorted({name for name in header if header.count(name) > 1})
+        if repeated:
+            raise InputError(f"{path.name} line 1: column(s) {clip(', '.join(repeated))} given twice")
+        missing = [c for c in CSV_COLUMNS if c not in header]
+        if missing:
+            raise InputError(f"{str(path)!r} lacks the column(s) {', '.join(missing)} of a silicon CSV")
+        begun = reader.line_num + 1
+        for cells in reader:
+            if cells and len(cells) != len(header):
+                raise InputError(f"{path.name} line {begun}: {len(cells)} fields where the header has {len(header)}")
+            if cells:
+                rows.append((f"{path.name} line {begun}", dict(zip(header, cells, strict=True))))
+            begun = reader.line_num + 1
+    except csv.Error as exc:
+        raise InputError(f"{path.name} line {begun}: {clip(str(exc))}") from None
+    return rows
+
+
 def read_silicon_csv(path: Path) -> list[MeasuredPoint]:
     """aiconfigurator's silicon table (`../shared/reference/serving/README.md`): closed loops of
     `concurrency` clients, `concurrency` warm-up requests, 10 x `concurrency` measured."""
-    try:
-        with path.open(newline="") as file:
-            reader = csv.DictReader(file)
-            missing = [c for c in CSV_COLUMNS if c not in (reader.fieldnames or [])]
-            if missing:
-                raise InputError(f"{str(path)!r} lacks the column(s) {', '.join(missing)} of a silicon CSV")
-            rows = list(reader)
-    except (OSError, UnicodeDecodeError, csv.Error) as exc:
-        raise InputError(f"cannot read {str(path)!r}: {exc}") from None
+    rows = csv_rows(path)
     if not rows:
         raise InputError(f"{str(path)!r} has no rows")
-    return [_silicon_point(row, f"{path.name} row {i}") for i, row in enumerate(rows, start=2)]
+    return [_silicon_point(row, where) for where, row in rows]
 
 
 def _silicon_point(row: dict[str, str], where: str) -> MeasuredPoint:
     if row["backend"] != "vllm":
-        raise InputError(f"{where}: backend {row['backend']!r} cannot be mapped (servesim models vllm)")
+        raise InputError(f"{where}: backend {clip(repr(row['backend']))} cannot be mapped (servesim models vllm)")
     model, quantization = map_model(row["model_path"], where)
     precision, gemm = row["precision"].strip(), row["gemm_quant_mode"].strip()
     if precision not in ("", "bfloat16", "fp8") or gemm not in ("", "fp8"):
-        raise InputError(f"{where}: precision {precision!r} / gemm_quant_mode {gemm!r} cannot be mapped "
-                         "(servesim has bf16 and per-tensor fp8 weights)")
+        raise InputError(f"{where}: precision {clip(repr(precision))} / gemm_quant_mode {clip(repr(gemm))} cannot "
+                         "be mapped (servesim has bf16 and per-tensor fp8 weights)")
     if precision == "fp8" or gemm == "fp8":
         quantization = "fp8"
-    concurrency = positive_int(row["concurrency"], "concurrency", where)
+    concurrency = positive_int(row["concurrency"], "concurrency", where, MAX_CONCURRENCY)
     return MeasuredPoint(
         name=row["id"] or where, group=f"{model} {row['system']}", model=model, gpu=map_gpu(row["system"], where),
-        tensor_parallel_size=positive_int(row["tp_size"], "tp_size", where), quantization=quantization,
-        num_requests=10 * concurrency, warmup=concurrency, concurrency=concurrency, rate=None, burstiness=1.0,
-        input_lens=(positive_int(row["isl"], "isl", where),), output_lens=(positive_int(row["osl"], "osl", where),),
-        measured={"ttft_mean": positive_float(row["silicon_ttft_ms"], "silicon_ttft_ms", where) / 1e3,
-                  "tpot_mean": positive_float(row["silicon_tpot_ms"], "silicon_tpot_ms", where) / 1e3})
+        tensor_parallel_size=positive_int(row["tp_size"], "tp_size", where, MAX_TENSOR_PARALLEL),
+        quantization=quantization, num_requests=10 * concurrency, warmup=concurrency, concurrency=concurrency,
+        rate=None, burstiness=1.0, input_lens=(positive_int(row["isl"], "isl", where, MAX_TOKENS),),
+        output_lens=(positive_int(row["osl"], "osl", where, MAX_TOKENS),),
+        measured={"ttft_mean": positive_float(row["silicon_ttft_ms"], "silicon_ttft_ms", where, MAX_MS) / 1e3,
+                  "tpot_mean": positive_float(row["silicon_tpot_ms"], "silicon_tpot_ms", where, MAX_MS) / 1e3})
 
 
 def read_vllm_result(path: Path, model: str | None = None) -> MeasuredPoint:
@@ -152,9 +204,9 @@ def read_vllm_result(path: Path, model: str | None = None) -> MeasuredPoint:
     model is `model` (a servesim model) if given, else its model_id's."""
     where = path.name
     try:
-        data = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise InputError(f"cannot read {str(path)!r}: {exc}") from None
+        data = json.loads(read_text(path))
+    except (json.JSONDecodeError, RecursionError) as exc:
+        raise InputError(f"cannot read {str(path)!r}: {clip(str(exc))}") from None
     if not isinstance(data, dict):
         raise InputError(f"{where} is not a vllm bench serve result (not a JSON object)")
     missing = [key for key in VLLM_REQUIRED if key not in data]
@@ -162,35 +214,42 @@ def read_vllm_result(path: Path, model: str | None = None) -> MeasuredPoint:
         raise InputError(f"{where} is not a whole vllm bench serve result: it lacks {', '.join(missing)}")
     model_id = data["model_id"]
     if not isinstance(model_id, str):
-        raise InputError(f"{where}: model_id must be a string, got {model_id!r}")
+        raise InputError(f"{where}: model_id must be a string, got {clip(repr(model_id))}")
     model_name, quantization = (model, None) if model is not None else map_model(model_id, where)
     rate_text = data["request_rate"]
-    rate = math.inf if rate_text in ("inf", math.inf) else positive_float(rate_text, "request_rate", where)
+    rate = math.inf if rate_text in ("inf", math.inf) else positive_float(rate_text, "request_rate", where, MAX_RATE)
     concurrency = data["max_concurrency"]
     if concurrency is not None:
-        concurrency = positive_int(concurrency, "max_concurrency", where)
+        concurrency = positive_int(concurrency, "max_concurrency", where, MAX_CONCURRENCY)
         if rate != math.inf:
             raise InputError(f"{where}: request_rate {rate:g} with max_concurrency {concurrency} (an open loop "
                              "held to a concurrency) cannot be mapped: servesim runs one or the other")
-    completed = positive_int(data["completed"], "completed", where)
-    num_prompts = positive_int(data["num_prompts"], "num_prompts", where)
+    num_prompts = positive_int(data["num_prompts"], "num_prompts", where, MAX_REQUESTS)
+    completed = positive_int(data["completed"], "completed", where, num_prompts)
     input_lens, output_lens = _lengths(data, where, completed)
     if "mean_ttft_ms" not in data:
         raise InputError(f"{where} is not a whole vllm bench serve result: it lacks mean_ttft_ms")
     measured = {f"{metric}_{stat}": _ms(data, f"{stat}_{metric}_ms", where)
                 for metric in METRICS for stat in STATS if f"{stat}_{metric}_ms" in data}
-    measured |= {key: positive_float(data[key], key, where) for key in ("request_throughput", "output_throughput")}
+    measured["request_throughput"] = positive_float(data["request_throughput"], "request_throughput", where,
+                                                    MAX_RATE)
+    measured["output_throughput"] = positive_float(data["output_throughput"], "output_throughput", where,
+                                                   MAX_RATE * MAX_TOKENS)
+    burstiness = data["burstiness"]
+    if isinstance(burstiness, bool) or not isinstance(burstiness, (int, float)) or not (
+            BURSTINESS[0] <= burstiness <= BURSTINESS[1]):
+        raise InputError(f"{where}: burstiness must be a number in [{BURSTINESS[0]:g}, {BURSTINESS[1]:g}], "
+                         f"got {clip(repr(burstiness))}")
     return MeasuredPoint(
         name=where, group=model_name, model=model_name, gpu="", tensor_parallel_size=1, quantization=quantization,
         num_requests=num_prompts, warmup=0, concurrency=concurrency, rate=None if concurrency else rate,
-        burstiness=positive_float(data["burstiness"], "burstiness", where), input_lens=input_lens,
-        output_lens=output_lens, measured=measured)
+        burstiness=float(burstiness), input_lens=input_lens, output_lens=output_lens, measured=measured)
 
 
 def _ms(data: dict[str, Any], key: str, where: str) -> float:
     value = data[key]
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (0 <= value < math.inf):
-        raise InputError(f"{where}: {key} must be a number of ms >= 0, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (0 <= value <= MAX_MS):
+        raise InputError(f"{where}: {key} must be a number of ms in [0, {MAX_MS:g}], got {clip(repr(value))}")
     return float(value) / 1e3
 
 
@@ -201,11 +260,16 @@ def _lengths(data: dict[str, Any], where: str, completed: int) -> tuple[tuple[in
         raise InputError(f"{where} has per-request detail but lacks {', '.join(k for k in DETAIL if k not in data)}")
     if present:
         inputs, outputs = data["input_lens"], data["output_lens"]
-        if not (isinstance(inputs, list) and isinstance(outputs, list) and len(inputs) == len(outputs) > 0):
-            raise InputError(f"{where}: input_lens and output_lens must be lists of one length per request")
+        if not (isinstance(inputs, list) and isinstance(outputs, list)
+                and 0 < len(inputs) == len(outputs) <= MAX_REQUESTS):
+            raise InputError(f"{where}: input_lens and output_lens must be lists of one length per request "
+                             f"(at most {MAX_REQUESTS})")
         done = [(i, o) for i, o in zip(inputs, outputs, strict=True) if o != 0]  # 0: a failed request
-        return (tuple(positive_int(i, "input_lens", where) for i, _ in done),
-                tuple(positive_int(o, "output_lens", where) for _, o in done))
-    mean_in = positive_int(data["total_input_tokens"], "total_input_tokens", where) / completed
-    mean_out = positive_int(data["total_output_tokens"], "total_output_tokens", where) / completed
+        if not done:
+            raise InputError(f"{where}: output_lens are all 0, yet {completed} requests completed")
+        return (tuple(positive_int(i, "input_lens", where, MAX_TOKENS) for i, _ in done),
+                tuple(positive_int(o, "output_lens", where, MAX_TOKENS) for _, o in done))
+    total = MAX_REQUESTS * MAX_TOKENS
+    mean_in = positive_int(data["total_input_tokens"], "total_input_tokens", where, total) / completed
+    mean_out = positive_int(data["total_output_tokens"], "total_output_tokens", where, total) / completed
     return (max(1, round(mean_in)),), (max(1, round(mean_out)),)

@@ -1,0 +1,160 @@
+"""A Hugging Face `config.json` read as untrusted input: every field the model spec is made of is
+checked for its type and a physical range, and what servesim cannot price (an architecture, an
+attention or MLP variant, a quantization) is refused in one line naming the field and its value.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, NoReturn
+
+from simulator.errors import InputError, clip
+
+SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
+                           "MixtralForCausalLM", "Qwen3MoeForCausalLM")
+# Fields that mean attention or MLP servesim cannot price, and the reason; refused when present and not
+# switched off (None, False, 0, [] or, for the sparse step, 1).
+UNSUPPORTED_FIELDS = {
+    "kv_lora_rank": "multi-head latent attention (MLA)",
+    "q_lora_rank": "multi-head latent attention (MLA)",
+    "full_attention_interval": "linear attention layers",
+    "linear_num_value_heads": "linear attention layers",
+    "n_shared_experts": "shared experts",
+    "shared_expert_intermediate_size": "shared experts",
+    "first_k_dense_replace": "dense layers among the MoE layers",
+    "mlp_only_layers": "dense layers among the MoE layers",
+}
+
+
+# The largest value of each size field taken as physical (far past any published model): beyond it a
+# field is a typo or a corrupted file, and the sizes derived from it would overflow 64-bit arithmetic.
+FIELD_LIMITS = {"num_hidden_layers": 1 << 14, "hidden_size": 1 << 20, "num_attention_heads": 1 << 16,
+                "num_key_value_heads": 1 << 16, "head_dim": 1 << 16, "intermediate_size": 1 << 22,
+                "moe_intermediate_size": 1 << 22, "vocab_size": 1 << 24, "max_position_embeddings": 1 << 31,
+                "num_experts": 1 << 16, "num_local_experts": 1 << 16, "num_experts_per_tok": 1 << 16}
+QUANT_CONFIG = "hf_quant_config.json"
+"""modelopt's quantization file, beside the model's config.json."""
+FP8_BLOCK = [128, 128]
+"""The weight block size of the fp8_block kernels measured."""
+
+
+def shown(value: Any) -> str:
+    """A JSON value as a message quotes it: as JSON, at most ~80 characters."""
+    return clip(json.dumps(value))
+
+
+class ConfigFile:
+    """A config.json's fields, each read with its type and range checked: one line naming the
+    field and the value when it is wrong."""
+
+    def __init__(self, path: Path, data: dict[str, Any]) -> None:
+        self.path, self.data = path, data
+
+    def fail(self, message: str) -> NoReturn:
+        raise InputError(f"model config {str(self.path)!r}: {message}")
+
+    def positive_int(self, key: str, default: int | None = None) -> int:
+        value = self.data.get(key)
+        if value is None:
+            if default is None:
+                self.fail(f"lacks {key}")
+            return default
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            self.fail(f"{key} must be a positive integer, got {shown(value)}")
+        if value > FIELD_LIMITS[key]:
+            self.fail(f"{key} {shown(value)} is past {FIELD_LIMITS[key]}, more than any model has")
+        return value
+
+    def text(self, key: str, default: str) -> str:
+        value = self.data.get(key)
+        if value is None:
+            return default
+        if not isinstance(value, str):
+            self.fail(f"{key} must be a string, got {shown(value)}")
+        return value
+
+    def flag(self, key: str, default: bool) -> bool:
+        value = self.data.get(key)
+        if value is None:
+            return default
+        if not isinstance(value, bool):
+            self.fail(f"{key} must be true or false, got {shown(value)}")
+        return value
+
+    def refuse_unsupported(self) -> None:
+        architectures = self.data.get("architectures")
+        if not (isinstance(architectures, list) and architectures and all(isinstance(a, str) for a in architectures)):
+            if architectures is None and isinstance(self.data.get("quantization"), dict):
+                self.fail(f"is modelopt's {QUANT_CONFIG}, not a model's config.json: give the config.json beside it")
+            self.fail(f"architectures must be a list of names, got {shown(architectures)}")
+        if not set(architectures) & set(SUPPORTED_ARCHITECTURES):
+            self.fail(f"architectures {clip(', '.join(architectures))} is not one servesim can price "
+                      f"(supported: {', '.join(SUPPORTED_ARCHITECTURES)})")
+        for key, what in UNSUPPORTED_FIELDS.items():
+            if self.data.get(key) not in (None, False, 0, []):
+                self.fail(f"{key} {shown(self.data[key])} means {what}, which servesim cannot price")
+        if self.data.get("sliding_window") is not None and self.data.get("use_sliding_window", True) is not False:
+            self.fail(f"sliding_window {shown(self.data['sliding_window'])} means sliding-window attention, "
+                      "which servesim cannot price")
+        if self.data.get("decoder_sparse_step", 1) != 1:
+            self.fail(f"decoder_sparse_step {shown(self.data['decoder_sparse_step'])} means dense layers "
+                      "among the MoE layers, which servesim cannot price")
+        if self.text("hidden_act", "silu") != "silu":
+            self.fail(f"hidden_act {clip(repr(self.data['hidden_act']))}: servesim prices gated SiLU MLPs only")
+
+    def weight_dtype(self, quant: dict[str, Any] | None) -> str | None:
+        """fp8 when the checkpoint says so (`quantization_config`, or modelopt's hf_quant_config.json)."""
+        config = self.data.get("quantization_config")
+        if config is None and quant is None:
+            return None
+        if config is not None:
+            if not isinstance(config, dict):
+                self.fail(f"quantization_config must be an object, got {shown(config)}")
+            method = config.get("quant_method")
+            if method != "fp8":
+                self.fail(f"quantization_config.quant_method {shown(method)}: servesim prices fp8 only")
+            block = config.get("weight_block_size")
+            if block is None:
+                return "fp8"
+            if block != FP8_BLOCK or not all(isinstance(side, int) for side in block):
+                self.fail(f"quantization_config.weight_block_size {shown(block)}: servesim prices fp8 blocks of "
+                          f"{FP8_BLOCK[0]} x {FP8_BLOCK[1]} only")
+            return "fp8_block"
+        assert quant is not None
+        algo = quant.get("quantization", {}).get("quant_algo") if isinstance(quant.get("quantization"), dict) else None
+        if algo != "FP8":
+            self.fail(f"{QUANT_CONFIG} quant_algo {shown(algo)}: servesim prices FP8 only")
+        return "fp8"
+
+
+MAX_JSON_BYTES = 1 << 24
+"""The largest settings file read (a config.json or a profile's is kilobytes): past it, a wrong file."""
+
+
+def read_json(path: Path, what: str) -> dict[str, Any]:
+    """A settings file's JSON object; a path that is no regular file (a FIFO would block the read)
+    or a file past MAX_JSON_BYTES is refused."""
+    try:
+        if not path.is_file() or path.stat().st_size > MAX_JSON_BYTES:
+            raise InputError(f"{what} {str(path)!r} is not a file of JSON settings (a regular file of at most "
+                             f"{MAX_JSON_BYTES >> 20} MiB)")
+        data = json.loads(path.read_text())
+    except OSError as exc:
+        raise InputError(f"cannot read {what} {str(path)!r}: {exc.strerror}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
+        raise InputError(f"{what} {str(path)!r} is not valid JSON: {clip(str(exc))}") from None
+    if not isinstance(data, dict):
+        raise InputError(f"{what} {str(path)!r} is not a JSON object")
+    return data
+
+
+def quant_config_beside(path: Path) -> Path | None:
+    """modelopt's quantization file of the model config at `path`: `hf_quant_config.json` beside a
+    `config.json`, `NAME.hf_quant_config.json` beside `NAME.config.json` (as the reference models are
+    named); a config saved under any other name has none."""
+    if path.name == "config.json":
+        return path.with_name(QUANT_CONFIG)
+    if path.name.endswith(".config.json"):
+        return path.with_name(path.name.removesuffix("config.json") + QUANT_CONFIG)
+    return None
