@@ -46,14 +46,14 @@ def check_fits(workload: Workload, config: RunConfig, model: ModelSpec, kv_block
     longest = int(np.argmax(lengths))
     capacity = kv_blocks * config.block_size
     if lengths[longest] > capacity:
-        raise InputError(f"request {longest} ({workload.prompt_tokens[longest]} prompt + "
-                         f"{workload.output_tokens[longest]} output tokens) needs {lengths[longest]} tokens of KV "
-                         f"cache; the GPU holds {capacity} ({kv_blocks} blocks of {config.block_size})")
+        raise InputError(f"{workload.describe(longest)} needs {lengths[longest]} tokens of KV cache "
+                         f"({workload.prompt_tokens[longest]} prompt + {workload.output_tokens[longest]} output); "
+                         f"the GPU holds {capacity} ({kv_blocks} blocks of {config.block_size})")
     if config.max_model_len is not None and config.max_model_len > model.max_model_len:
         raise InputError(f"--max-model-len {config.max_model_len} is past {model.name}'s {model.max_model_len} tokens")
     if lengths[longest] > (config.max_model_len or model.max_model_len):
         limit = f"--max-model-len {config.max_model_len}" if config.max_model_len else f"{model.name}"
-        raise InputError(f"request {longest} is {lengths[longest]} tokens long; "
+        raise InputError(f"{workload.describe(longest)} is {lengths[longest]} tokens long; "
                          f"{limit} takes at most {config.max_model_len or model.max_model_len}")
     build_policy(config).check_prompts(workload.prompt_tokens.tolist())
 
