@@ -131,10 +131,10 @@ def register_copy(module: str, name: str) -> None:
     policies.POLICIES[name] = copy.build
 
 
-def one_case(case: str, n: int, baseline: bool) -> list[str]:
-    """This benchmark's arguments for one case in its own process; the baseline's entry point was
-    CASE N ENGINE."""
-    return ["--one", case, str(n), *(["fast"] if baseline else [])]
+def one_case(case: str, n: int, tree: Path) -> list[str]:
+    """The arguments of `tree`'s benchmark for one case in its own process: before the one-engine
+    redesign (a tree with `simulator/fast.py`) its entry point was CASE N ENGINE."""
+    return ["--one", case, str(n), *(["fast"] if (tree / "simulator" / "fast.py").exists() else [])]
 
 
 def baseline_case(case: str, old: Path | None) -> str | None:
@@ -144,10 +144,10 @@ def baseline_case(case: str, old: Path | None) -> str | None:
     return name if old is not None and f'"{name}"' in old_cases(old) else None
 
 
-def measure(tree: Path, case: str, n: int, tokens: bool, baseline: bool) -> dict[str, Any]:
+def measure(tree: Path, case: str, n: int, tokens: bool) -> dict[str, Any]:
     """Run one case in a fresh process of the servesim in `tree`; `wall_s` is the whole process,
     `cpu_s` its user and system CPU time."""
-    command = one_case(case, n, baseline) + (["--tokens-dir", tempfile.mkdtemp()] if tokens else [])
+    command = one_case(case, n, tree) + (["--tokens-dir", tempfile.mkdtemp()] if tokens else [])
     env = os.environ | {"PYTHONPATH": str(tree)}
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
@@ -212,10 +212,10 @@ def main() -> None:
                 reference = baseline_case(case, old)
                 news, refs = [], []
                 for _ in range(args.repeat):  # alternating, so both see the same machine
-                    news.append(measure(ROOT, case, n, args.tokens, baseline=False))
+                    news.append(measure(ROOT, case, n, args.tokens))
                     if reference is not None:
                         assert old is not None
-                        refs.append(measure(old, reference, n, False, baseline=True))
+                        refs.append(measure(old, reference, n, False))
                 new = median_run(news)
                 line = (f"{case:<20}{n:>9}{new['wall_s']:>9.2f}{new['engine_s']:>10.2f}"
                         f"{new.get('tokens_s', float('nan')):>10.2f}{new['steps']:>10}{new['peak_rss_mb']:>9.0f}")
@@ -237,11 +237,11 @@ INSTRUCTION_SIZES = (2_000, 6_000)
 """Two runs per case: the difference of their counts is the engine's and its summary's, start-up cancels."""
 
 
-def instructions(tree: Path, case: str, n: int, baseline: bool) -> int:
+def instructions(tree: Path, case: str, n: int) -> int:
     """Instructions one whole `--one` process executes under callgrind (BLAS on one thread, whose
     idle threads would otherwise spin and count; a fixed hash seed)."""
     command = ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", sys.executable, "-m",
-               "benchmarks.engine_speed", *one_case(case, n, baseline)]
+               "benchmarks.engine_speed", *one_case(case, n, tree)]
     env = os.environ | {"PYTHONPATH": str(tree), "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1",
                         "PYTHONHASHSEED": "0"}
     done = subprocess.run(command, cwd=tree, env=env, capture_output=True, text=True, check=True)
@@ -252,18 +252,18 @@ def instructions(tree: Path, case: str, n: int, baseline: bool) -> int:
 
 def instructions_table(cases: list[str], old: Path | None) -> None:
     """Instructions per request, a figure the machine's load does not move (unlike wall time)."""
-    def per_request(tree: Path, case: str, baseline: bool) -> float:
+    def per_request(tree: Path, case: str) -> float:
         low, high = INSTRUCTION_SIZES
-        return (instructions(tree, case, high, baseline) - instructions(tree, case, low, baseline)) / (high - low)
+        return (instructions(tree, case, high) - instructions(tree, case, low)) / (high - low)
 
     print(f"{'case':<20}{'instructions / request':>24}{'baseline':>10}{'ratio':>7}")
     for case in cases:
-        new = per_request(ROOT, case, False)
+        new = per_request(ROOT, case)
         line = f"{case:<20}{new:>24,.0f}"
         reference = baseline_case(case, old)
         if reference is not None:
             assert old is not None
-            ref = per_request(old, reference, True)
+            ref = per_request(old, reference)
             line += f"{ref:>10,.0f}{new / ref:>7.2f}"
         print(line, flush=True)
 
