@@ -50,6 +50,10 @@ from simulator.engine.request import Request
 Scheduling = Literal["fcfs", "priority"]
 
 
+class PolicyError(RuntimeError):
+    """A policy returned a step the engine cannot carry out."""
+
+
 @dataclass(frozen=True)
 class PaddedBatch:
     """The step's admissions form one batch padded to `prompt_len`, with `reserve_tokens` of KV each."""
