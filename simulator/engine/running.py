@@ -246,7 +246,7 @@ class RunningSet:
         finished: list[Request] = []
         if self._decode:
             decoders.steps += 1
-            log.lazy_step.append(index)
+            log.decode_step.append(index)
             finishing = decoders.pop_finished()
             if finishing:
                 finished = [request for _, request in finishing]
@@ -291,7 +291,7 @@ class RunningSet:
             self.finish(request, float(ends[step - steps0 - 1]), step)
         self._num_logged += k
         if isinstance(ends, np.ndarray):
-            log.lazy_step.frombytes(np.arange(index, index + k, dtype=np.int32).tobytes())
+            log.decode_step.frombytes(np.arange(index, index + k, dtype=np.int32).tobytes())
             finish_steps = np.array([s for s, _ in finishing], dtype=np.int64)
             live = live0 - np.searchsorted(finish_steps, steps0 + np.arange(k, dtype=np.int64), side="right")
             num_waiting = waiting0 + np.searchsorted(np.sort(np.array(submitted)), ends, side="right")
@@ -305,7 +305,7 @@ class RunningSet:
         submitted = sorted(submitted)
         done = [s for s, _ in finishing] if finishing else []
         for j in range(k):
-            log.lazy_step.append(index + j)
+            log.decode_step.append(index + j)
             num_live = live0 - bisect_right(done, steps0 + j)
             last_row = j == k - 1
             log.append(start, durations[j], num_live, 0, num_live, rows - num_live,

@@ -68,7 +68,8 @@ class Server:
         """Told (requests finished, clock) before every step: a progress bar."""
         waiting, order = make_queues(policy.scheduling)
         self.running_set = RunningSet(kv, waiting, order, log, on_finish)
-        # The policy's view reads these three as they are (the rest of it below, as properties).
+        # The policy's view reads these three as they are (the rest of it below, as properties);
+        # `prefilling` is the running set's list of explicit rows, which it changes in place.
         self.kv = kv
         self.waiting: Any = WaitingWithHits(waiting, kv) if kv.caching else waiting
         self.prefilling: Sequence[Request] = self.running_set.explicit
