@@ -26,8 +26,8 @@ from simpy.events import NORMAL, URGENT, Timeout
 from simulator.cost import CostModel, StepShape
 from simulator.engine.kv import KVBlocks
 from simulator.engine.request import Request, RequestColumns
-from simulator.engine.server import PolicyError, PolicyStalledError
-from simulator.engine.step import Policy, Step
+from simulator.engine.server import PolicyStalledError
+from simulator.engine.step import Policy, PolicyError, Step
 from simulator.engine.steplog import StepLog
 from simulator.fleet.engine import FleetResult, Pool, merge_logs
 from simulator.fleet.transfer import KVLink

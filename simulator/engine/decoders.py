@@ -1,10 +1,10 @@
-"""The running decoders as one aggregate: O(1) work per step however many there are.
+"""The decoders: the running requests that need exactly one token per step, kept so that a step
+costs O(1) however many there are.
 
-A decoder is a running request that needs exactly one token per step. The engine keeps `steps`, the
-number of steps in which the decoders ran, and per decoder `decode_key = prompt + emitted - steps`,
-constant while it decodes. From it follow its emitted tokens (`key - prompt + steps`), its context
-(`key + steps`) and the step it finishes in (`output + prompt - key`). The aggregate keeps, as each
-decoder joins or leaves:
+The decoders keep `steps`, the number of steps in which they ran, and per decoder `decode_key =
+prompt + emitted - steps`, constant while it decodes. From it follow its emitted tokens (`key -
+prompt + steps`), its context (`key + steps`) and the step it finishes in (`output + prompt - key`).
+As each decoder joins or leaves they keep:
 
 - `decode_context`: the sum of the decoders' contexts after their next token, `key_sum + count *
   steps`, as the cost model wants it;
@@ -13,7 +13,8 @@ decoder joins or leaves:
   KV block when its context crosses a block boundary, so the blocks the next step needs are one count
   (`blocks_needed`). Decoders whose KV was reserved in full never need one.
 
-A decoder's tokens are logged as one run (request, first step, count) when it leaves.
+A decoder's state is brought up to date only when it leaves; its tokens are then one run of
+consecutive decode steps, which `leave` hands back for the step log.
 """
 
 from __future__ import annotations
@@ -23,13 +24,13 @@ import heapq
 import numpy as np
 
 from simulator.engine.request import Request
-from simulator.engine.steplog import StepLog
 
 
 class Decoders:
-    def __init__(self, block_size: int, log: StepLog) -> None:
+    """The running requests that need one token per step, as one (see the module docstring)."""
+
+    def __init__(self, block_size: int) -> None:
         self.block_size = block_size
-        self.log = log
         self.steps = 0
         self.key_sum = 0
         self.members: set[Request] = set()
@@ -59,9 +60,10 @@ class Decoders:
         finish_step = request.output_tokens + request.prompt_tokens - key
         heapq.heappush(self._finishing, (finish_step, request.admitted, request.id, request.decode_epoch, request))
 
-    def leave(self, request: Request, steps: int | None = None) -> None:
+    def leave(self, request: Request, steps: int | None = None) -> int:
         """Bring the request's state up to date (as of `steps`, by default now) and take it out of
-        the aggregate."""
+        the decoders. Returns how many tokens it emitted as a decoder: one in each of the decode
+        steps from its `decode_since`."""
         key = request.decode_key
         steps = self.steps if steps is None else steps
         self.members.remove(request)
@@ -71,14 +73,9 @@ class Decoders:
             self.residues[key % self.block_size] -= 1
             request.blocks = -(-(key + steps - 1) // self.block_size)
         request.decode_epoch += 1
-        count = steps - request.decode_since
-        if count:
-            log = self.log
-            log.run_request.append(request.id)
-            log.run_first.append(request.decode_since)
-            log.run_count.append(count)
         request.emitted = key - request.prompt_tokens + steps
         request.computed = request.prompt_tokens + request.emitted - 1
+        return steps - request.decode_since
 
     def blocks_needed(self, ahead: int = 0) -> int:
         """KV blocks the decoders need for the step `ahead` steps from now."""

@@ -16,9 +16,9 @@ class Request:
     """There are no phases: `computed` catches up with `prompt_tokens + emitted`, and the step that
     closes the gap emits one token. A decoding request is one whose gap is a single token.
 
-    While a request decodes in the engine's aggregate of decoders (`simulator.engine.decoders`), its
-    `computed` and `emitted` are brought up to date only when it leaves the aggregate; policies
-    never see it in between."""
+    While a request is one of the engine's decoders (`simulator.engine.decoders`), its `computed`
+    and `emitted` are brought up to date only when it leaves them; policies never see it in
+    between."""
 
     id: int
     arrival: float
@@ -50,7 +50,7 @@ class Request:
     held_runs: list[tuple[int, bool]] | None = None
     hit_blocks: int = 0
     hit_in_use: int = 0
-    # The engine's bookkeeping while the request is one of the lazy decoders.
+    # The engine's bookkeeping while the request is one of the decoders.
     decode_key: int = 0
     decode_epoch: int = 0
     decode_since: int = 0

@@ -3,9 +3,10 @@
 Before a forward pass the engine hands the policy a read-only `View` and the policy returns a `Step`
 saying which requests advance by how many tokens. The engine alone mutates state: it admits, allocates
 KV blocks (preempting when a running request cannot grow), charges the step's cost and advances the
-requests. A policy never enumerates the running decoders one by one: they are an aggregate
-(`num_decoding`, `decode_blocks`) that runs as a whole (`Step.decode`), which is what keeps a step
-O(1) however large the batch.
+requests. A policy never enumerates the decoders (the running requests that need one token per
+step) one by one: it sees how many there are and the KV blocks their next step needs
+(`num_decoding`, `decode_blocks`) and runs them all at once (`Step.decode`), which is what keeps a
+step O(1) however large the batch.
 
 Writing a policy (a callable `policy(view) -> Step`, one module under `policies/` plus one line in
 its registry):
@@ -50,9 +51,14 @@ from simulator.engine.request import Request
 Scheduling = Literal["fcfs", "priority"]
 
 
+class PolicyError(RuntimeError):
+    """A policy returned a step the engine cannot carry out."""
+
+
 @dataclass(frozen=True)
 class PaddedBatch:
-    """The step's admissions form one batch padded to `prompt_len`, with `reserve_tokens` of KV each."""
+    """The step's admissions form one batch padded to `prompt_len`, with `reserve_tokens` of KV each
+    (the policy's request: while the batch runs, the running set keeps its state)."""
 
     prompt_len: int
     reserve_tokens: int

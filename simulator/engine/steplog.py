@@ -1,11 +1,12 @@
 """The step log: one entry per forward pass, and where every output token was emitted.
 
 Held compactly: times as float64 (the clock's exact bits), counts as int32 (4 bytes; a run of 1M
-requests has ~5M steps), each step's values appended in one call to one interleaved array. Tokens
-are never per-token objects but flat arrays in two forms: single tokens as (request, step), and
-runs of consecutive decoder steps as (request, first, count) over `lazy_step`, which lists the
+requests has millions of steps), each step's values appended in one call to one interleaved array.
+Tokens are never per-token objects but flat arrays in two forms: single tokens as (request, step),
+and runs of consecutive decode steps as (request, first, count) over `decode_step`, which lists the
 step index of each step in which the decoders ran (a decoder emits one token in every one of them
-without being touched, see `simulator.engine.decoders`).
+without being touched, see `simulator.engine.decoders`). A server's running set is its log's one
+writer (`simulator.engine.running`).
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ class StepLog:
     run_request: array = field(default_factory=_ints)
     run_first: array = field(default_factory=_ints)
     run_count: array = field(default_factory=_ints)
-    lazy_step: array = field(default_factory=_ints)
+    decode_step: array = field(default_factory=_ints)
     cache_step: array = field(default_factory=_ints)
     """Steps whose admissions queried the prefix cache, with the tokens queried and hit."""
     cache_queried: array = field(default_factory=_ints)

@@ -265,7 +265,7 @@ def merge_logs(logs: list[StepLog]) -> tuple[StepLog, np.ndarray]:
     """One step log of several servers' (their steps one server after another; token steps and
     runs renumbered to match) and the server of each step."""
     merged = StepLog()
-    step_offset = lazy_offset = 0
+    step_offset = decode_offset = 0
     servers = []
     for index, log in enumerate(logs):
         merged.times.extend(log.times)
@@ -277,11 +277,11 @@ def merge_logs(logs: list[StepLog]) -> tuple[StepLog, np.ndarray]:
         merged.cache_queried.extend(log.cache_queried)
         merged.cache_hit.extend(log.cache_hit)
         _extend_shifted(merged.token_step, log.token_step, step_offset)
-        _extend_shifted(merged.lazy_step, log.lazy_step, step_offset)
-        _extend_shifted(merged.run_first, log.run_first, lazy_offset)
+        _extend_shifted(merged.decode_step, log.decode_step, step_offset)
+        _extend_shifted(merged.run_first, log.run_first, decode_offset)
         servers.append(np.full(len(log), index, dtype=np.int64))
         step_offset += len(log)
-        lazy_offset += len(log.lazy_step)
+        decode_offset += len(log.decode_step)
     return merged, np.concatenate(servers) if servers else np.zeros(0, dtype=np.int64)
 
 

@@ -1,9 +1,9 @@
 """The token trace, derived from the step log without one object (or one float) per token.
 
-A `StepLog` holds tokens as singles (request, step) and as runs (request, first lazy step, count)
-over `lazy_step`, the step index of each lazy step. The tokens table expands them when asked for;
+A `StepLog` holds tokens as singles (request, step) and as runs (request, first decode step, count)
+over `decode_step`, the step index of each step the decoders ran in. The tokens table expands them when asked for;
 the inter-token latencies are summarised from a histogram built in O(steps + runs + singles):
-within a run, the gap between lazy steps g and g+1 occurs once per run covering both, so each
+within a run, the gap between decode steps g and g+1 occurs once per run covering both, so each
 step-to-step gap is one value with a weight; the gaps where one run or single meets the request's
 next one are counted one by one.
 """
@@ -33,7 +33,7 @@ def token_chunks(log: StepLog, rows_per_chunk: int = ROWS_PER_CHUNK) -> Iterator
     """The tokens table, one row per output token (request_id, index 0-based per request, time = end
     of its step), sorted by request and index, in chunks of whole requests of about `rows_per_chunk`
     rows: singles and runs are sorted by request once, and each chunk expands only its own runs."""
-    end, lazy_step = step_ends(log), log.column("lazy_step")
+    end, decode_step = step_ends(log), log.column("decode_step")
     single_request, single_step = log.column("token_request"), log.column("token_step")
     run_request, run_first, run_count = log.column("run_request"), log.column("run_first"), log.column("run_count")
     by_request = np.argsort(single_request, kind="stable")  # singles are logged in step order
@@ -53,7 +53,7 @@ def token_chunks(log: StepLog, rows_per_chunk: int = ROWS_PER_CHUNK) -> Iterator
         r0, r1 = np.searchsorted(run_request, [lo, hi])
         counts = run_count[r0:r1]
         offsets = np.arange(int(counts.sum()), dtype=np.int64) - np.repeat(np.cumsum(counts) - counts, counts)
-        steps = np.concatenate([single_step[s0:s1], lazy_step[np.repeat(run_first[r0:r1], counts) + offsets]])
+        steps = np.concatenate([single_step[s0:s1], decode_step[np.repeat(run_first[r0:r1], counts) + offsets]])
         requests = np.concatenate([single_request[s0:s1], np.repeat(run_request[r0:r1], counts)])
         order = np.lexsort((steps, requests))
         requests, steps = requests[order], steps[order]
@@ -99,7 +99,7 @@ def itl_histogram(log: StepLog, keep: np.ndarray | None = None) -> tuple[np.ndar
     """Every inter-token gap pooled over requests (over those with `keep[request]` when given), as
     sorted distinct values (seconds) and how many times each occurs."""
     end = step_ends(log)
-    lazy_step = log.column("lazy_step")
+    decode_step = log.column("decode_step")
     single_request, single_step = log.column("token_request"), log.column("token_step")
     run_request, run_first, run_count = log.column("run_request"), log.column("run_first"), log.column("run_count")
     if keep is not None:
@@ -110,23 +110,23 @@ def itl_histogram(log: StepLog, keep: np.ndarray | None = None) -> tuple[np.ndar
     # Each single or run as a piece (request, first step, last step); junctions between a request's
     # consecutive pieces are gaps of their own.
     piece_request = np.concatenate([single_request, run_request])
-    piece_first = np.concatenate([single_step, lazy_step[run_first]])
-    piece_last = np.concatenate([single_step, lazy_step[run_first + run_count - 1]])
+    piece_first = np.concatenate([single_step, decode_step[run_first]])
+    piece_last = np.concatenate([single_step, decode_step[run_first + run_count - 1]])
     order = np.lexsort((piece_first, piece_request))
     piece_request, piece_first, piece_last = piece_request[order], piece_first[order], piece_last[order]
     same = piece_request[1:] == piece_request[:-1]
     junctions = end[piece_first[1:][same]] - end[piece_last[:-1][same]]
     del order, piece_request, piece_first, piece_last, same
-    # Gaps inside runs: lazy step g to g + 1, once per run that covers both.
-    lazy_end = end[lazy_step]
+    # Gaps inside runs: decode step g to g + 1, once per run that covers both.
+    decode_end = end[decode_step]
     del end
-    steps_gaps = lazy_end[1:] - lazy_end[:-1]
-    del lazy_end
-    covering = np.zeros(len(lazy_step) + 1, dtype=np.int64)
+    steps_gaps = decode_end[1:] - decode_end[:-1]
+    del decode_end
+    covering = np.zeros(len(decode_step) + 1, dtype=np.int64)
     long_runs = run_count > 1
     np.add.at(covering, run_first[long_runs], 1)
     np.add.at(covering, run_first[long_runs] + run_count[long_runs] - 1, -1)
-    weights = np.cumsum(covering)[: max(len(lazy_step) - 1, 0)]
+    weights = np.cumsum(covering)[: max(len(decode_step) - 1, 0)]
     del covering
     inside = weights > 0
     values = np.concatenate([junctions, steps_gaps[inside]])
