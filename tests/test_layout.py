@@ -51,7 +51,8 @@ def imports(path: Path) -> set[str]:
             names = [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             # `from package import module` imports the module; `from module import name` the module.
-            names = [f"{node.module}.{alias.name}" for alias in node.names] + [node.module]
+            names = [f"{node.module}.{alias.name}" if f"{node.module}.{alias.name}" in MODULES else node.module
+                     for alias in node.names]
         else:
             continue
         for name in names:
