@@ -1,0 +1,123 @@
+"""The flags and settings surface: values outside their physical range, sizes past the machine,
+settings that do nothing and outputs that cannot be written are refused in one line naming the flag
+as typed, before anything runs; nothing hangs; a sweep file's value meets the same check as a flag's."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+from test_cli import simulate_cli
+
+from simulator.config import RunConfig
+from simulator.errors import InputError
+
+SMALL = ["--num-requests", "20", "--input-len", "300", "--output-len", "20"]
+HANG = 120
+"""Seconds after which a command that should end at once is taken to hang."""
+
+
+def one_line(args: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    code, out, err = simulate_cli(args, capsys)
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1, (code, out, err)
+    assert len(err) <= 300, err
+    return err.strip()
+
+
+def in_a_process(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    """`simulate ARGS` in its own process, which must end within `HANG` seconds."""
+    return subprocess.run([sys.executable, "-c", "from simulator.cli.main import run; run()", *args],
+                          capture_output=True, text=True, cwd=cwd, timeout=HANG)
+
+
+@pytest.mark.parametrize("share", ["0", "-0.5", "nan"])
+@pytest.mark.parametrize("verb", [[], ["batch-table", "--batch", "1"]])
+def test_a_memory_share_outside_0_1_ends_at_once_in_one_line(share: str, verb: list[str], tmp_path: Path) -> None:
+    done = in_a_process([*verb, "--gpu-memory-utilization", share], tmp_path)
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.count("\n") == 1 and "--gpu-memory-utilization" in done.stderr
+    assert "nan GB" not in done.stderr and "try --tensor-parallel-size" not in done.stderr
+
+
+def test_a_sweep_with_a_memory_share_of_0_ends_at_once_before_any_configuration(tmp_path: Path) -> None:
+    out = tmp_path / "sweep.parquet"
+    done = in_a_process(["sweep", "--gpu-memory-utilization", "0.9,0", *SMALL, "--out", str(out)], tmp_path)
+    assert done.returncode == 2 and "--gpu-memory-utilization" in done.stderr and "got 0.0" in done.stderr
+    assert not out.exists()
+
+
+def test_the_weights_check_ends_on_a_gpu_of_no_memory() -> None:
+    code = ("from simulator.deploy.memory import check_weights_fit\n"
+            "from simulator.deploy.model import load_model\n"
+            "try:\n"
+            "    check_weights_fit(load_model('llama-3.1-8b'), 1, 0, 0.9)\n"
+            "except ValueError as exc:\n"
+            "    print(exc)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=HANG)
+    assert "more than the 0.0 GB usable" in done.stdout and "try --tensor-parallel-size" not in done.stdout
+
+
+@pytest.mark.parametrize(("args", "named"), [
+    (["--max-queue-delay", "1e308", "--policy", "static"], "--max-queue-delay"),
+    (["--prefill-replicas", "1", "--decode-replicas", "1", "--kv-transfer-bandwidth", "1e-300"],
+     "--kv-transfer-bandwidth"),
+    (["--input-len", str(2**63)], "--input-len"),
+    (["--random-input-len", str(2**63)], "--random-input-len"),
+    (["--duration", "1e308", "--rate", "1"], "--duration"),
+    (["--num-turns", "2", "--think-time", "1e308"], "--think-time"),
+    (["--num-prompts", "1e3"], "--num-prompts"),
+    (["--request-rate", "nan"], "--request-rate"),
+    (["--seed", str(2**64)], "--seed"),
+    (["--time-limit", "inf"], "--time-limit"),
+    (["--num-replicas", "100000000"], "--num-replicas"),
+    (["--goodput", "ttft:1e308"], "--goodput"),
+])
+def test_an_absurd_number_is_refused_naming_the_flag_as_typed(args: list[str], named: str, tmp_path: Path,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no numpy RuntimeWarning on the way
+        err = one_line([*SMALL, *args, "--out", str(tmp_path / "run")], capsys)
+    assert err.startswith(f"error: {named} ") and "Traceback" not in err, err
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_huge_value_is_quoted_in_at_most_80_characters(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    err = one_line(["--input-len", "7" * 10_000, "--out", str(tmp_path / "run")], capsys)
+    assert err.endswith("...'") or err.endswith("..."), err
+    assert len(err.partition("got ")[2]) <= 80
+
+
+def test_a_sweep_file_value_gets_the_line_the_flag_gets(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    spec = tmp_path / "spec.toml"
+    spec.write_text("[fixed]\nmax_queue_delay = 1e308\npolicy = 'static'\n")
+    from_file = one_line(["sweep", "--file", str(spec), "--out", str(tmp_path / "s.parquet")], capsys)
+    from_flag = one_line(["--policy", "static", "--max-queue-delay", "1e308"], capsys)
+    assert from_file == from_flag
+    spec.write_text("[axes]\ninput_len = [true, 300]\n")  # a bool is no number of tokens
+    assert "--input-len" in one_line(["sweep", "--file", str(spec), "--out", str(tmp_path / "s.parquet")], capsys)
+    spec.write_text(f"[axes]\ninput_len = [300, {2**63 - 1}]\n")
+    assert "--input-len" in one_line(["sweep", "--file", str(spec), "--out", str(tmp_path / "s.parquet")], capsys)
+
+
+@pytest.mark.parametrize("args", [["--burstiness", "0.5"], ["--rate", "inf", "--burstiness", "0.5"]])
+def test_burstiness_without_a_finite_rate_is_refused(args: list[str], tmp_path: Path,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    err = one_line([*args, "--out", str(tmp_path / "run")], capsys)
+    assert "--burstiness 0.5" in err and "finite --rate" in err
+
+
+def test_burstiness_with_a_rate_still_runs() -> None:
+    assert RunConfig(rate=4.0, burstiness=0.5).burstiness == 0.5
+
+
+def test_a_seed_beside_a_trace_is_refused_unless_something_draws_from_it(tmp_path: Path) -> None:
+    trace = tmp_path / "trace.csv"
+    trace.write_text("arrival,prompt_tokens,output_tokens\n0.0,100,10\n0.5,200,20\n")
+    with pytest.raises(InputError, match=r"^--seed 3 seeds nothing beside --trace"):
+        RunConfig(trace=str(trace), seed=3)
+    # Priorities and the random router draw from the seed: there it means something.
+    RunConfig(trace=str(trace), seed=3, priority_levels=2, policy="priority")
+    RunConfig(trace=str(trace), seed=3, num_replicas=2, router="random")
