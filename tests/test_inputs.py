@@ -9,11 +9,14 @@ import sys
 import warnings
 from pathlib import Path
 
+import polars as pl
 import pytest
 from test_cli import simulate_cli
 
 from simulator.config import RunConfig
 from simulator.errors import InputError
+from simulator.run import estimate
+from simulator.run.estimate import check_batch_table, check_run_size
 
 SMALL = ["--num-requests", "20", "--input-len", "300", "--output-len", "20"]
 HANG = 120
@@ -121,3 +124,64 @@ def test_a_seed_beside_a_trace_is_refused_unless_something_draws_from_it(tmp_pat
     # Priorities and the random router draw from the seed: there it means something.
     RunConfig(trace=str(trace), seed=3, priority_levels=2, policy="priority")
     RunConfig(trace=str(trace), seed=3, num_replicas=2, router="random")
+
+
+@pytest.fixture
+def machine_of_64_gb(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The estimate's machine, whatever this one holds."""
+    monkeypatch.setattr(estimate, "machine_memory_bytes", lambda: 64 * 10**9)
+
+
+@pytest.mark.usefixtures("machine_of_64_gb")
+@pytest.mark.parametrize(("args", "named"), [
+    (["--num-requests", "1000000000", "--rate", "10"], "--num-requests 1000000000"),
+    (["--num-prompts", "1000000000", "--rate", "10"], "--num-prompts 1000000000"),
+    (["--rate", "1000", "--duration", "1000000"], "--duration 1e+06 at --rate 1000"),
+    (["--num-requests", "100000", "--output-len", "10000000"], "--num-requests 100000 with --output-len 10000000"),
+])
+def test_a_run_past_the_machine_is_refused_before_it_is_built(args: list[str], named: str, tmp_path: Path,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    err = one_line([*args, "--out", str(tmp_path / "run")], capsys)
+    assert err.startswith(f"error: {named} asks for ") and "past this machine's 64.0 GB" in err and "--force" in err
+
+
+@pytest.mark.usefixtures("machine_of_64_gb")
+def test_force_lets_a_run_past_the_estimate_through() -> None:
+    config = RunConfig(num_requests=10**9, rate=10.0)
+    with pytest.raises(InputError, match="--force"):
+        check_run_size(config, token_rows=False, force=False)
+    said = check_run_size(config, token_rows=False, force=True)
+    assert said.requests == 10**9 and said.steps >= 10**9 * 300 // 1024 and said.bytes > 64 * 10**9
+
+
+def test_the_estimate_is_a_lower_bound_of_what_a_run_makes(tmp_path: Path,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    config = RunConfig(rate=20.0, num_requests=40, input_len=300, output_len=30)
+    said = estimate.estimate_run(config, token_rows=True)
+    code, _, _ = simulate_cli(["--rate", "20", "--num-requests", "40", "--input-len", "300", "--output-len", "30",
+                               "--out", str(tmp_path / "run")], capsys)
+    assert code == 0
+    steps = pl.read_parquet(tmp_path / "run" / "steps.parquet").height
+    tokens = pl.read_parquet(tmp_path / "run" / "tokens.parquet").height
+    assert said.requests == 40 and said.token_rows == tokens and 30 <= said.steps <= steps
+
+
+def test_a_sweep_past_the_machine_is_refused_before_any_configuration_runs(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(estimate, "machine_memory_bytes", lambda: 10**5)  # less than 1000 requests hold
+    out = tmp_path / "sweep.parquet"
+    args = ["sweep", "--num-requests", "20,1000", "--input-len", "300", "--output-len", "20", "--rate", "20",
+            "--jobs", "1", "--out", str(out)]
+    err = one_line(args, capsys)
+    assert "configuration " in err and "--num-requests 1000 asks for" in err and "--force" in err
+    assert not out.exists()
+    code, stdout, _ = simulate_cli([*args, "--force"], capsys)
+    assert code == 0 and "2 run now" in stdout
+
+
+def test_a_batch_table_past_a_step_s_physical_size_is_refused() -> None:
+    with pytest.raises(InputError, match=r"^--batch must be an integer in \[1, 10000000\] sequences, got 1000000000$"):
+        check_batch_table(2300, [1, 10**9])
+    with pytest.raises(InputError, match=r"^--context must be an integer"):
+        check_batch_table(2**63, [1])
+    check_batch_table(2300, [1, 10**7])  # the largest batch the chapter's table takes

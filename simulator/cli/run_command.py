@@ -24,6 +24,7 @@ from simulator.fleet.routers import ROUTERS
 from simulator.metrics.fleet import format_servers
 from simulator.metrics.summary import LATENCIES, load_verdict
 from simulator.outputs.vllm_result import result_path, vllm_result, write_result
+from simulator.run.estimate import check_run_size
 from simulator.run.simulate import DEFAULT_NUM_REQUESTS
 from workloads.lengths import SPECS as LENGTH_SPECS
 
@@ -173,9 +174,10 @@ def read_by(setting: str) -> str:
 @click.option("--result-filename", default=None,
               help="Name of the --save-result JSON [default: servesim-RATEqps-MODEL-DATE.json, as vLLM].")
 @click.option("--quiet", is_flag=True, help="No progress bar on stderr (there is none unless stderr is a terminal).")
+@click.option("--force", is_flag=True, help="Run even what is estimated to need more memory than this machine has.")
 def run_command(percentiles: str, percentile_metrics: str, goodput: tuple[str, ...], out: Path | None, tokens: bool,
                 random_range_ratio: float | None, enable_chunked_prefill: bool, save_result: bool,
-                save_detailed: bool, result_dir: Path | None, result_filename: str | None, quiet: bool,
+                save_detailed: bool, result_dir: Path | None, result_filename: str | None, quiet: bool, force: bool,
                 **settings: Any) -> None:
     """Simulate one configuration and print its summary."""
     from simulator.metrics.summary import build_tables, summarize
@@ -198,6 +200,7 @@ def run_command(percentiles: str, percentile_metrics: str, goodput: tuple[str, .
     result_file = result_path(config, result_dir, result_filename, now) if save_result else None
     if out is not None:
         check_out_dir(out)
+    check_run_size(config, token_rows=save_result, force=force)
     progress = progress_enabled(quiet)
     result = simulate(config, progress=progress)
     with working("building tables", enabled=progress):

@@ -36,10 +36,12 @@ def setting_options(command: Callable[..., Any]) -> Callable[..., Any]:
 @click.option("--percentiles", default=None, help="Latency percentiles of every summary [default: 50,90,99].")
 @click.option("--goodput", multiple=True, help="SLOs in ms, e.g. 'ttft:500 tpot:50'.")
 @click.option("--quiet", is_flag=True, help="No progress bar on stderr (there is none unless stderr is a terminal).")
+@click.option("--force", is_flag=True, help="Run even configurations estimated to need more memory than this "
+                                            "machine has.")
 @setting_options
 def sweep_command(out: Path, spec_file: Path | None, jobs: int | None, executor: str, address: str | None,
                   tables_dir: Path | None, retry_failed: bool, percentiles: str | None, goodput: tuple[str, ...],
-                  quiet: bool, **settings: str | None) -> None:
+                  quiet: bool, force: bool, **settings: str | None) -> None:
     """Run the cartesian product of run settings: `--rate 2,4,8 --policy static,chunked`.
 
     Exits 1 when every configuration failed (the rows, with their errors, are written)."""
@@ -56,7 +58,7 @@ def sweep_command(out: Path, spec_file: Path | None, jobs: int | None, executor:
     spec = SweepSpec(axes, **sweep_wide)
     workers = jobs if jobs is not None else len(os.sched_getaffinity(0))
     outcome = run_sweep(spec, out, jobs=workers, executor=executor, address=address, tables_dir=tables_dir,
-                        retry_failed=retry_failed, progress=progress_enabled(quiet))
+                        retry_failed=retry_failed, progress=progress_enabled(quiet), force=force)
     click.echo(f"wrote {out}: {outcome.total} configurations, {outcome.ran} run now, {outcome.skipped} already done, "
                f"{len(outcome.failed)} failed")
     for cid, error in outcome.failed[:5]:

@@ -27,7 +27,7 @@ import click
 
 from simulator.config import RANGES, RunConfig, parse_goodput, parse_percentiles, quote
 from simulator.errors import InputError
-from simulator.sweep.executors import Rows, WorkerDied, run_local, run_ray, setting_column
+from simulator.sweep.executors import Rows, WorkerDied, config_from_settings, run_local, run_ray, setting_column
 
 if TYPE_CHECKING:
     import polars as pl
@@ -293,10 +293,13 @@ class SweepOutcome:
 
 
 def run_sweep(spec: SweepSpec, out: Path, *, jobs: int = 1, executor: str = "local", address: str | None = None,
-              tables_dir: Path | None = None, retry_failed: bool = False, progress: bool = False) -> SweepOutcome:
+              tables_dir: Path | None = None, retry_failed: bool = False, progress: bool = False,
+              force: bool = False) -> SweepOutcome:
     """Run every configuration of `spec` not already in `out`, committing each row as it finishes.
 
     One sweep at a time writes `out`: a second one is refused while the first holds its lock.
+    Unless `force`, a configuration estimated to need more memory than this machine has is
+    refused before any runs.
     """
     from simulator.outputs.locks import Busy, exclusive
     from simulator.outputs.run_folder import check_writable
@@ -313,14 +316,14 @@ def run_sweep(spec: SweepSpec, out: Path, *, jobs: int = 1, executor: str = "loc
     out.parent.mkdir(parents=True, exist_ok=True)
     try:
         with exclusive(out.with_name(f".{out.name}.lock")):
-            return run_unlocked(spec, out, jobs, executor, address, tables_dir, retry_failed, progress)
+            return run_unlocked(spec, out, jobs, executor, address, tables_dir, retry_failed, progress, force)
     except Busy as holder:
         raise InputError(f"--out {quote(str(out))} is being written by another sweep ({holder}); when it ends, rerun "
                          "this command to add this sweep's rows") from None
 
 
 def run_unlocked(spec: SweepSpec, out: Path, jobs: int, executor: str, address: str | None,
-                 tables_dir: Path | None, retry_failed: bool, progress: bool) -> SweepOutcome:
+                 tables_dir: Path | None, retry_failed: bool, progress: bool, force: bool) -> SweepOutcome:
     from simulator.progress import Bar
 
     configs = [(config_id(settings), settings) for settings in spec.settings()]
@@ -328,6 +331,8 @@ def run_unlocked(spec: SweepSpec, out: Path, jobs: int, executor: str, address: 
     store = SweepStore(out, spec.metadata())
     done = store.done(retry_failed)
     todo = [(cid, settings) for cid, settings in configs if cid not in done]
+    if not force:
+        check_sizes(todo, tables=tables_dir is not None)
     tables = str(tables_dir) if tables_dir is not None else None
     rows: Rows = (run_ray(todo, jobs, address, tables) if executor == "ray"
                                       else run_local(todo, jobs, tables))
@@ -350,3 +355,19 @@ def run_unlocked(spec: SweepSpec, out: Path, jobs: int, executor: str, address: 
     store.drop_parts()
     succeeded = sum(1 for cid in order if store.rows[cid].get("error") is None)
     return SweepOutcome(len(configs), len(configs) - len(todo), len(todo), failed, succeeded)
+
+
+def check_sizes(todo: list[tuple[str, dict[str, Any]]], tables: bool) -> None:
+    """Refuse the sweep when a configuration is estimated to need more memory than this machine has
+    (its tokens table held in memory when `tables`); one its settings refuse fails in its own row."""
+    from simulator.run.estimate import check_run_size
+
+    for cid, settings in todo:
+        try:
+            config = config_from_settings(settings)
+        except InputError:
+            continue
+        try:
+            check_run_size(config, token_rows=tables, force=False)
+        except InputError as exc:
+            raise InputError(f"configuration {cid}: {exc}") from None
