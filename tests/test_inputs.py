@@ -126,6 +126,34 @@ def test_a_seed_beside_a_trace_is_refused_unless_something_draws_from_it(tmp_pat
     RunConfig(trace=str(trace), seed=3, num_replicas=2, router="random")
 
 
+@pytest.mark.parametrize("name", ["../../x.json", "/tmp/servesim-outside.json", "."])
+def test_a_result_file_outside_the_result_dir_is_refused_before_the_run(
+        name: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    inside = tmp_path / "a" / "b"
+    inside.mkdir(parents=True)
+    monkeypatch.chdir(inside)
+    err = one_line(["--save-result", "--result-filename", name, *SMALL, "--out", str(tmp_path / "run")], capsys)
+    assert "--result-filename" in err and "--result-dir" in err
+    assert not (tmp_path / "run").exists() and not (tmp_path / "x.json").exists()
+
+
+def test_an_unwritable_result_dir_is_refused_before_the_run(tmp_path: Path,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "a-file").write_text("mine")
+    err = one_line(["--save-result", "--result-dir", str(tmp_path / "a-file" / "results"), *SMALL,
+                    "--out", str(tmp_path / "run")], capsys)
+    assert "--result-dir" in err and "not a folder" in err
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_result_file_in_a_folder_inside_the_result_dir_is_written(tmp_path: Path,
+                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = simulate_cli(["--save-result", "--result-dir", str(tmp_path), "--result-filename", "sub/r.json",
+                                 *SMALL, "--out", str(tmp_path / "run")], capsys)
+    assert code == 0, err
+    assert (tmp_path / "sub" / "r.json").is_file()
+
+
 @pytest.fixture
 def machine_of_64_gb(monkeypatch: pytest.MonkeyPatch) -> None:
     """The estimate's machine, whatever this one holds."""

@@ -197,7 +197,7 @@ def run_command(percentiles: str, percentile_metrics: str, goodput: tuple[str, .
     if saved and not save_result:
         raise InputError(f"{', '.join(flag(name) for name in sorted(saved))} applies only with --save-result")
     now = dt.datetime.now()
-    result_file = result_path(config, result_dir, result_filename, now) if save_result else None
+    result_file = checked_result_path(config, result_dir, result_filename, now) if save_result else None
     if out is not None:
         check_out_dir(out)
     check_run_size(config, token_rows=save_result, force=force)
@@ -220,6 +220,25 @@ def run_command(percentiles: str, percentile_metrics: str, goodput: tuple[str, .
     if result_file is not None:
         write_result(result_file, vllm_result(summary, config, tables, metrics, save_detailed, now))
         click.echo(f"wrote {result_file}")
+
+
+def checked_result_path(config: RunConfig, result_dir: Path | None, result_filename: str | None,
+                        now: dt.datetime) -> Path:
+    """Where --save-result writes, refused before the run when it lands outside --result-dir or no
+    file can be written there (the run's JSON would be lost after the run)."""
+    from simulator.outputs.run_folder import check_writable
+
+    folder = (result_dir or Path()).resolve()
+    if result_filename is not None:
+        target = (folder / result_filename).resolve()
+        if target == folder or not target.is_relative_to(folder):
+            raise InputError(f"--result-filename {quote(result_filename)} names no file inside --result-dir "
+                             f"{quote(str(result_dir or '.'))}, where it is written: give a file name")
+    if result_dir is not None:
+        check_writable(result_dir, "--result-dir", inside=True)
+    path = result_path(config, result_dir, result_filename, now)
+    check_writable(path, "--result-filename")
+    return path
 
 
 def typed_options() -> set[str]:
