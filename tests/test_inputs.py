@@ -13,6 +13,7 @@ import polars as pl
 import pytest
 from test_cli import simulate_cli
 
+from simulator.cli.sweep_command import kept_up
 from simulator.config import RunConfig
 from simulator.errors import InputError
 from simulator.run import estimate
@@ -213,3 +214,22 @@ def test_a_batch_table_past_a_step_s_physical_size_is_refused() -> None:
     with pytest.raises(InputError, match=r"^--context must be an integer"):
         check_batch_table(2**63, [1])
     check_batch_table(2300, [1, 10**7])  # the largest batch the chapter's table takes
+
+
+def test_a_sweep_prints_what_it_found(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "sweep.parquet"
+    code, stdout, _ = simulate_cli(["sweep", "--rate", "4,inf", "--policy", "chunked", "--max-num-batched-tokens",
+                                    "256,4096", "--max-num-seqs", "64", *SMALL, "--jobs", "1", "--out", str(out)],
+                                   capsys)
+    assert code == 0
+    header, *lines = stdout.splitlines()[1:]
+    assert header.split() == ["max_num_batched_tokens", "rate", "req/s", "p99", "TTFT", "ms", "p99", "TPOT", "ms",
+                              "kept", "up"]
+    rows = pl.read_parquet(out)
+    assert len(lines) == rows.height == 4
+    for line, row in zip(lines, rows.iter_rows(named=True), strict=True):
+        cells = line.split()
+        assert cells[:2] == [str(row["max_num_batched_tokens"]), f"{row['rate']:g}"]
+        assert cells[2] == f"{row['request_throughput']:.2f}" and cells[3] == f"{row['p99_ttft'] * 1e3:.1f}"
+        assert cells[5] == kept_up(row["kept_up"], row["load"])
+    assert {cells.split()[5] for cells in lines} >= {"burst"}

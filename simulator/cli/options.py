@@ -54,3 +54,9 @@ def deployment_options(command: F) -> F:
         command = option(command)
     return command
 
+
+def aligned(headers: list[str], rows: list[list[str]]) -> str:
+    """Right-aligned columns as wide as their widest cell, two spaces apart: wide values never touch."""
+    widths = [max(len(cell) for cell in column) for column in zip(headers, *rows, strict=True)]
+    return "\n".join("".join(f"{cell:>{width + 2}}" for cell, width in zip(line, widths, strict=True))
+                     for line in [headers, *rows])

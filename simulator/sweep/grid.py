@@ -290,6 +290,8 @@ class SweepOutcome:
     """(config_id, error) of this run's failures."""
     succeeded: int
     """Configurations of this sweep whose row holds no error, this run's and earlier ones."""
+    rows: list[dict[str, Any]]
+    """This sweep's rows, this run's and earlier ones, in product order."""
 
 
 def run_sweep(spec: SweepSpec, out: Path, *, jobs: int = 1, executor: str = "local", address: str | None = None,
@@ -353,8 +355,9 @@ def run_unlocked(spec: SweepSpec, out: Path, jobs: int, executor: str, address: 
         bar.close()
         store.flush(order)
     store.drop_parts()
-    succeeded = sum(1 for cid in order if store.rows[cid].get("error") is None)
-    return SweepOutcome(len(configs), len(configs) - len(todo), len(todo), failed, succeeded)
+    found = [store.rows[cid] for cid in order]
+    succeeded = sum(1 for row in found if row.get("error") is None)
+    return SweepOutcome(len(configs), len(configs) - len(todo), len(todo), failed, succeeded, found)
 
 
 def check_sizes(todo: list[tuple[str, dict[str, Any]]], tables: bool) -> None:
