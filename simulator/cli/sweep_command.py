@@ -31,18 +31,20 @@ SHOWN_ROWS = 30
 
 def found_table(spec: SweepSpec, rows: list[dict[str, Any]], out: Path) -> str:
     """What the sweep found, one line per configuration: the settings that vary, throughput, the
-    highest percentile's TTFT and TPOT (p99 by default), and whether the server kept up."""
+    highest percentile's TTFT and TPOT (p99 by default; none when no percentile was asked for), and
+    whether the server kept up."""
     varying = [name for name in AXIS_NAMES if len(spec.axes.get(name, ())) > 1]
-    q = max(parse_percentiles(spec.percentiles))
-    headers = [*varying, "req/s", f"p{q:g} TTFT ms", f"p{q:g} TPOT ms", "kept up"]
+    tails = [f"p{max(parse_percentiles(spec.percentiles)):g}"] if spec.percentiles else []
+    headers = [*varying, "req/s", *(f"{p} {name} ms" for p in tails for name in ("TTFT", "TPOT")), "kept up"]
     lines = []
     for row in rows[:SHOWN_ROWS]:
         shown = [cell(row[setting_column(name)]) for name in varying]
         if row.get("error") is not None:
-            lines.append([*shown, "-", "-", "-", "failed"])
+            lines.append([*shown, *["-"] * (len(headers) - len(shown) - 1), "failed"])
             continue
-        lines.append([*shown, number(row["request_throughput"], 1.0, 2), number(row[f"p{q:g}_ttft"], 1e3, 1),
-                      number(row[f"p{q:g}_tpot"], 1e3, 1), kept_up(row["kept_up"], row["load"])])
+        latencies = [number(row[f"{p}_{name}"], 1e3, 1) for p in tails for name in ("ttft", "tpot")]
+        lines.append([*shown, number(row["request_throughput"], 1.0, 2), *latencies,
+                      kept_up(row["kept_up"], row["load"])])
     more = f"\n... and {len(rows) - SHOWN_ROWS} more configurations in {out}" if len(rows) > SHOWN_ROWS else ""
     return aligned(headers, lines) + more
 
