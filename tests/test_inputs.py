@@ -138,6 +138,14 @@ def test_a_result_file_outside_the_result_dir_is_refused_before_the_run(
     assert not (tmp_path / "run").exists() and not (tmp_path / "x.json").exists()
 
 
+def test_a_result_file_name_the_file_system_refuses_is_refused_before_the_run(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    err = one_line(["--save-result", "--result-dir", str(tmp_path), "--result-filename", "a" * 300, *SMALL,
+                    "--out", str(tmp_path / "run")], capsys)
+    assert "--result-filename 'aaa" in err and "too long" in err
+    assert not (tmp_path / "run").exists()
+
+
 def test_an_unwritable_result_dir_is_refused_before_the_run(tmp_path: Path,
                                                             capsys: pytest.CaptureFixture[str]) -> None:
     (tmp_path / "a-file").write_text("mine")

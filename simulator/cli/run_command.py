@@ -236,7 +236,10 @@ def checked_result_path(config: RunConfig, result_dir: Path | None, result_filen
                              f"{quote(str(result_dir or '.'))}, where it is written: give a file name")
     if result_dir is not None:
         check_writable(result_dir, "--result-dir", inside=True)
-    path = result_path(config, result_dir, result_filename, now)
+    try:
+        path = result_path(config, result_dir, result_filename, now)
+    except OSError as exc:  # a name the file system refuses (too long, say)
+        raise InputError(f"cannot write --result-filename {quote(result_filename)}: {exc.strerror}") from None
     check_writable(path, "--result-filename")
     return path
 
