@@ -19,6 +19,21 @@ from simulator.fleet.routers import ROUTERS
 from workloads.lengths import parse_length_dist
 
 GOODPUT_METRICS = ("ttft", "tpot", "e2el")
+# Physical limits of the ranges below: past them a value is a typo, not a deployment.
+MAX_TOKENS = 10**7
+"""Tokens any one length may take: past every model's context window."""
+MAX_SEQUENCES = 10**7
+"""Sequences in one step or clients of a closed loop."""
+MAX_COUNT = 2**31 - 1
+"""Requests, KV blocks and priority levels: the step log counts them as int32."""
+MAX_SECONDS = 1e7
+"""Any one time (about 116 days): there the clock's float64 still resolves nanoseconds."""
+MAX_GPUS = 1024
+"""GPUs one server's tensor parallelism spans: past any NVLink domain."""
+MAX_SERVERS = 10**5
+"""Replicas of a fleet, or servers of a pool: as many GPUs as the largest clusters hold."""
+QUOTED_CHARACTERS = 80
+"""A message quotes at most this much of a bad value."""
 # Settings that shape a synthetic workload; a trace replays its own arrivals and lengths instead.
 SYNTHETIC_SETTINGS = ("rate", "burstiness", "concurrency", "duration", "input_len", "output_len", "input_len_dist",
                       "output_len_dist", "prefix_len", "num_prefixes", "num_turns", "think_time")
@@ -27,6 +42,104 @@ SYNTHETIC_SETTINGS = ("rate", "burstiness", "concurrency", "duration", "input_le
 def flag(name: str) -> str:
     """The command-line flag of setting `name`."""
     return f"--{name.replace('_', '-')}"
+
+
+def shorten(text: str) -> str:
+    """`text` cut to `QUOTED_CHARACTERS`, as a message quotes a value."""
+    return text if len(text) <= QUOTED_CHARACTERS else f"{text[:QUOTED_CHARACTERS - 3]}..."
+
+
+def quote(value: object) -> str:
+    return shorten(repr(value))
+
+
+@dataclass(frozen=True)
+class Range:
+    """A number-valued setting's type and physical range: [low, high], or (low, high] when
+    `low_open`; infinity only where `inf` says what it stands for. A bool is no number here."""
+
+    kind: type[int] | type[float]
+    low: float
+    high: float
+    unit: str = ""
+    low_open: bool = False
+    inf: str = ""
+
+    def describe(self) -> str:
+        if self.kind is int:
+            text = f"an integer in [{self.low}, {self.high}]"
+        else:
+            text = f"a number in {'(' if self.low_open else '['}{self.low:g}, {self.high:g}]"
+        return text + (f" {self.unit}" if self.unit else "") + (f", or inf ({self.inf})" if self.inf else "")
+
+    def holds(self, value: object) -> bool:
+        if isinstance(value, bool) or not isinstance(value, int if self.kind is int else (int, float)):
+            return False
+        if self.inf and value == math.inf:
+            return True
+        above = value > self.low if self.low_open else value >= self.low
+        return above and value <= self.high  # nan is neither
+
+    def check(self, name: str, value: object) -> None:
+        if not self.holds(value):
+            raise InputError(f"{flag(name)} must be {self.describe()}, got {quote(value)}")
+
+    def parse(self, name: str, value: object) -> int | float:
+        """Setting `name`'s value from command-line text or a YAML/TOML scalar, typed and checked."""
+        if isinstance(value, str):
+            try:
+                value = self.kind(value.strip())
+            except ValueError:  # not a number, or an integer of more digits than Python converts
+                raise InputError(f"{flag(name)} must be {self.describe()}, got {quote(value)}") from None
+        self.check(name, value)
+        assert isinstance(value, (int, float))  # `check` took it
+        return float(value) if self.kind is float else value
+
+
+def _tokens(low: int = 1) -> Range:
+    return Range(int, low, MAX_TOKENS, "tokens")
+
+
+def _seconds(low_open: bool = False) -> Range:
+    return Range(float, 0.0, MAX_SECONDS, "seconds", low_open=low_open)
+
+
+RANGES: dict[str, Range] = {
+    "tensor_parallel_size": Range(int, 1, MAX_GPUS, "GPUs"),
+    "max_num_seqs": Range(int, 1, MAX_SEQUENCES, "sequences"),
+    "max_num_batched_tokens": _tokens(),
+    "long_prefill_token_threshold": _tokens(low=0),
+    "max_batch_size": Range(int, 1, MAX_SEQUENCES, "requests"),
+    "max_queue_delay": _seconds(),
+    "max_model_len": _tokens(),
+    "block_size": _tokens(),
+    "gpu_memory_utilization": Range(float, 0.0, 1.0, "of the GPU's memory", low_open=True),
+    "num_gpu_blocks_override": Range(int, 1, MAX_COUNT, "blocks"),
+    "rate": Range(float, 1e-6, 1e9, "requests/s", inf="all at once"),
+    "burstiness": Range(float, 1e-3, 1e3, inf="evenly spaced"),
+    "concurrency": Range(int, 1, MAX_SEQUENCES, "clients"),
+    "num_requests": Range(int, 1, MAX_COUNT, "requests"),
+    "duration": _seconds(low_open=True),
+    "input_len": _tokens(),
+    "output_len": _tokens(),
+    "trace_speed": Range(float, 1e-3, 1e3, "times the trace's pace"),
+    "priority_levels": Range(int, 1, MAX_COUNT, "levels"),
+    "prefix_len": _tokens(low=0),
+    "num_prefixes": Range(int, 1, MAX_COUNT, "prefixes"),
+    "num_turns": Range(int, 1, MAX_COUNT, "turns"),
+    "think_time": _seconds(),
+    "seed": Range(int, 0, 2**63 - 1),  # a sweep's Int64 column
+    "num_replicas": Range(int, 1, MAX_SERVERS, "servers"),
+    "prefill_replicas": Range(int, 1, MAX_SERVERS, "servers"),
+    "decode_replicas": Range(int, 1, MAX_SERVERS, "servers"),
+    "prefill_tensor_parallel_size": Range(int, 1, MAX_GPUS, "GPUs"),
+    "decode_tensor_parallel_size": Range(int, 1, MAX_GPUS, "GPUs"),
+    "kv_transfer_bandwidth": Range(float, 1e-3, 1e6, "GB/s"),
+    "kv_transfer_latency": _seconds(),
+    "time_limit": _seconds(low_open=True),
+}
+"""Every number-valued setting's type and physical range, checked for the command line, sweep files
+and `RunConfig` alike (a setting left None is not checked)."""
 
 
 @dataclass(frozen=True)
@@ -107,11 +220,15 @@ class RunConfig:
     """SLOs as (metric, seconds), metric one of ttft, tpot, e2el."""
 
     def __post_init__(self) -> None:
+        for name, bounds in RANGES.items():
+            value = getattr(self, name)
+            if value is not None:
+                bounds.check(name, value)
         self._check_choices()
-        self._check_server()
         self._check_load()
-        self._check_prefixes_and_turns()
-        self._check_bounds()
+        if self.num_prefixes != 1 and not self.prefix_len:
+            raise InputError(f"--num-prefixes {self.num_prefixes} needs --prefix-len (the shared prefixes' length)")
+        self._check_turns()
         check_fleet(self)
         build_policy(self)  # the policy's name, and what that policy refuses of these settings
         self._check_workload_source()
@@ -121,59 +238,24 @@ class RunConfig:
 
     def _check_choices(self) -> None:
         if self.cost not in ("measured", "roofline"):
-            raise InputError(f"unknown --cost {self.cost!r} (choose from measured, roofline)")
+            raise InputError(f"unknown --cost {quote(self.cost)} (choose from measured, roofline)")
         if self.quantization not in (None, *QUANTIZATIONS):
-            raise InputError(f"unknown --quantization {self.quantization!r} "
+            raise InputError(f"unknown --quantization {quote(self.quantization)} "
                              f"(choose from {', '.join(QUANTIZATIONS)})")
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
-            raise InputError(f"unknown --kv-cache-dtype {self.kv_cache_dtype!r} "
+            raise InputError(f"unknown --kv-cache-dtype {quote(self.kv_cache_dtype)} "
                              f"(choose from {', '.join(KV_CACHE_DTYPES)})")
 
-    def _check_server(self) -> None:
-        """The server's sizes and the scheduler's limits (and the synthetic lengths, positive like them)."""
-        for name in ("tensor_parallel_size", "max_num_seqs", "max_num_batched_tokens", "max_batch_size",
-                     "block_size", "input_len", "output_len"):
-            check_integer(name, getattr(self, name))
-        if self.max_model_len is not None and self.max_model_len < 1:
-            raise InputError(f"--max-model-len must be a positive number of tokens, got {self.max_model_len}")
-        if self.num_gpu_blocks_override is not None and self.num_gpu_blocks_override < 1:
-            raise InputError(f"--num-gpu-blocks-override must be positive, got {self.num_gpu_blocks_override}")
-        if self.long_prefill_token_threshold < 0:
-            raise InputError(f"--long-prefill-token-threshold must be >= 0, got {self.long_prefill_token_threshold}")
-        if not (self.max_queue_delay >= 0 and math.isfinite(self.max_queue_delay)):
-            raise InputError(f"--max-queue-delay must be a finite number of seconds >= 0, got {self.max_queue_delay}")
-
     def _check_load(self) -> None:
-        """An open loop's rate or a closed loop's clients, and the priorities drawn for them."""
-        if self.rate is not None and not self.rate > 0:
-            raise InputError(f"--rate must be > 0 requests/s (or inf), got {self.rate}")
+        """An open loop's rate or a closed loop's clients, not both."""
         if self.rate is not None and self.concurrency is not None:
             raise InputError("give --rate (open loop) or --concurrency (closed loop), not both")
-        if self.concurrency is not None and self.concurrency < 1:
-            raise InputError(f"--concurrency must be a positive number of clients, got {self.concurrency}")
-        if self.priority_levels is not None and self.priority_levels < 1:
-            raise InputError(f"--priority-levels must be a positive integer, got {self.priority_levels}")
 
-    def _check_prefixes_and_turns(self) -> None:
-        check_integer("prefix_len", self.prefix_len, minimum=0, unit=" tokens")
-        check_integer("num_prefixes", self.num_prefixes)
-        if self.num_prefixes != 1 and not self.prefix_len:
-            raise InputError(f"--num-prefixes {self.num_prefixes} needs --prefix-len (the shared prefixes' length)")
-        check_integer("num_turns", self.num_turns)
-        if not (0 <= self.think_time < math.inf):
-            raise InputError(f"--think-time must be a finite number of seconds >= 0, got {self.think_time}")
+    def _check_turns(self) -> None:
         if self.think_time and self.num_turns == 1:
             raise InputError(f"--think-time {self.think_time:g} needs --num-turns above 1 (the time between turns)")
         if self.num_turns > 1 and self.duration is not None:
             raise InputError("--num-turns counts --num-requests requests; it does not take --duration")
-
-    def _check_bounds(self) -> None:
-        """How many requests, how long the clock runs, and the seed."""
-        if self.num_requests is not None and self.num_requests < 1:
-            raise InputError(f"--num-requests must be positive, got {self.num_requests}")
-        if self.time_limit is not None and not self.time_limit > 0:
-            raise InputError(f"--time-limit must be > 0 seconds, got {self.time_limit}")
-        check_integer("seed", self.seed, minimum=0)
 
     def _check_workload_source(self) -> None:
         """Refuse what would be recorded as applied without having been: a synthetic workload's
@@ -182,24 +264,25 @@ class RunConfig:
             if self.trace_speed != DEFAULTS["trace_speed"]:
                 raise InputError(f"--trace-speed {self.trace_speed:g} applies only to a --trace replay")
             return
-        if not (0 < self.trace_speed < math.inf):
-            raise InputError(f"--trace-speed must be a finite number > 0, got {self.trace_speed}")
         for name in SYNTHETIC_SETTINGS:
             value = getattr(self, name)
             if value != DEFAULTS[name]:
-                raise InputError(f"{flag(name)} {value} does not apply to --trace, which replays the trace's own "
-                                 "arrivals and lengths")
+                raise InputError(f"{flag(name)} {shorten(str(value))} does not apply to --trace, which replays the "
+                                 "trace's own arrivals and lengths")
+        draws = self.priority_levels is not None or (self.router == "random" and is_fleet(self))
+        if self.seed != DEFAULTS["seed"] and not draws:
+            raise InputError(f"--seed {self.seed} seeds nothing beside --trace, which replays the trace's own arrivals "
+                             "and lengths (a seed draws --priority-levels and --router random)")
 
     def _check_synthetic_workload(self) -> None:
         """What the workload builder would refuse, said with the flags (it names its arguments)."""
-        if not (self.burstiness > 0):
-            raise InputError(f"--burstiness must be > 0, got {self.burstiness}")
         if self.concurrency is not None and self.burstiness != DEFAULTS["burstiness"]:
             raise InputError(f"--burstiness {self.burstiness:g} shapes an open loop's arrivals (--rate); "
                              "a closed loop (--concurrency) has none")
+        if self.burstiness != DEFAULTS["burstiness"] and (self.rate is None or math.isinf(self.rate)):
+            raise InputError(f"--burstiness {self.burstiness:g} shapes the gaps between arrivals and needs a finite "
+                             "--rate: with all requests at once (--rate inf, the default) there are none")
         if self.duration is not None:
-            if not (0 < self.duration < math.inf):
-                raise InputError(f"--duration must be a finite number of seconds > 0, got {self.duration}")
             if self.concurrency is not None:
                 raise InputError("--duration bounds an open loop (--rate); a closed loop (--concurrency) runs "
                                  "--num-requests requests")
@@ -223,9 +306,10 @@ class RunConfig:
                 raise InputError(f"--percentiles lists {q:g} twice")
         for i, (metric, limit) in enumerate(self.goodput):
             if metric not in GOODPUT_METRICS:
-                raise InputError(f"unknown --goodput metric {metric!r} (choose from {', '.join(GOODPUT_METRICS)})")
-            if not limit > 0:
-                raise InputError(f"--goodput {metric}:{limit * 1e3:g} ms must be > 0")
+                raise InputError(f"unknown --goodput metric {quote(metric)} (choose from {', '.join(GOODPUT_METRICS)})")
+            if not 0 < limit <= MAX_SECONDS:
+                raise InputError(f"--goodput {metric}:{limit * 1e3:g} ms must be > 0 and at most "
+                                 f"{MAX_SECONDS * 1e3:g} ms")
             if metric in (m for m, _ in self.goodput[:i]):
                 raise InputError(f"--goodput gives an SLO for {metric} twice")
 
@@ -251,18 +335,11 @@ class RunConfig:
 DEFAULTS: dict[str, Any] = {f.name: f.default for f in fields(RunConfig)}
 
 
-def check_integer(name: str, value: object, minimum: int = 1, unit: str = "") -> None:
-    """Refuse a value of setting `name` that is not an int (a bool is not one) of at least `minimum`."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        wanted = "a positive integer" if minimum == 1 else f"an integer >= {minimum}{unit}"
-        raise InputError(f"{flag(name)} must be {wanted}, got {value!r}")
-
-
 def parse_percentiles(text: str) -> tuple[float, ...]:
     try:
         return tuple(float(p) for p in text.split(",") if p.strip())
     except ValueError:
-        raise InputError(f"--percentiles takes numbers separated by commas, got {text!r}") from None
+        raise InputError(f"--percentiles takes numbers separated by commas, got {quote(text)}") from None
 
 
 def parse_goodput(specs: tuple[str, ...]) -> tuple[tuple[str, float], ...]:
@@ -273,7 +350,7 @@ def parse_goodput(specs: tuple[str, ...]) -> tuple[tuple[str, float], ...]:
         try:
             slos.append((metric, float(value) / 1e3))
         except ValueError:
-            raise InputError(f"--goodput takes METRIC:MILLISECONDS, got {spec!r}") from None
+            raise InputError(f"--goodput takes METRIC:MILLISECONDS, got {quote(spec)}") from None
     return tuple(slos)
 
 
@@ -294,13 +371,8 @@ def is_fleet(config: RunConfig) -> bool:
 
 
 def check_fleet(config: RunConfig) -> None:
-    check_integer("num_replicas", config.num_replicas)
     if config.router not in ROUTERS:
-        raise InputError(f"unknown --router {config.router!r} (choose from {', '.join(ROUTERS)})")
-    for name in ("prefill_replicas", "decode_replicas"):
-        value = getattr(config, name)
-        if value is not None:
-            check_integer(name, value)
+        raise InputError(f"unknown --router {quote(config.router)} (choose from {', '.join(ROUTERS)})")
     if (config.prefill_replicas is None) != (config.decode_replicas is None):
         given = "--prefill-replicas" if config.prefill_replicas is not None else "--decode-replicas"
         raise InputError(f"{given} needs both --prefill-replicas and --decode-replicas (the two pools' sizes)")
@@ -316,12 +388,3 @@ def check_fleet(config: RunConfig) -> None:
     if config.num_replicas != 1:
         raise InputError(f"--num-replicas {config.num_replicas} is for colocated replicas; prefill/decode pools "
                          "are sized by --prefill-replicas and --decode-replicas")
-    for name in ("prefill_tensor_parallel_size", "decode_tensor_parallel_size"):
-        value = getattr(config, name)
-        if value is not None:
-            check_integer(name, value)
-    bandwidth, latency = config.kv_transfer_bandwidth, config.kv_transfer_latency
-    if bandwidth is not None and not (0 < bandwidth < math.inf):
-        raise InputError(f"--kv-transfer-bandwidth must be a finite number of GB/s > 0, got {bandwidth}")
-    if latency is not None and not (0 <= latency < math.inf):
-        raise InputError(f"--kv-transfer-latency must be a finite number of seconds >= 0, got {latency}")

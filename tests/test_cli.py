@@ -149,7 +149,8 @@ def test_console_script_exits_nonzero_without_traceback(tmp_path: Path) -> None:
     done = subprocess.run([sys.executable, "-c", "from simulator.cli.main import run; run()", "--rate", "-1"],
                           capture_output=True, text=True, cwd=tmp_path)
     assert done.returncode == 2
-    assert done.stderr.strip() == "error: --rate must be > 0 requests/s (or inf), got -1.0"
+    assert done.stderr.strip() == ("error: --rate must be a number in [1e-06, 1e+09] requests/s, or inf (all at once), "
+                                   "got -1.0")
 
 
 def test_a_run_folder_holds_the_oracles_tables(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

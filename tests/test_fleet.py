@@ -174,7 +174,7 @@ def test_fleet_tables_and_summary() -> None:
 
 
 @pytest.mark.parametrize(("settings", "message"), [
-    ({"num_replicas": 0}, "--num-replicas must be a positive integer, got 0"),
+    ({"num_replicas": 0}, r"--num-replicas must be an integer in \[1, 100000\] servers, got 0"),
     ({"router": "fastest"}, "unknown --router 'fastest'"),
     ({"router": "least-kv"}, "--router least-kv needs more than one server"),
     ({"prefill_replicas": 1}, "--prefill-replicas needs both"),

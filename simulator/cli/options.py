@@ -10,7 +10,7 @@ from typing import Any, TypeVar
 import click
 
 from simulator.config import DEFAULTS as FIELD_DEFAULTS
-from simulator.config import RunConfig, flag
+from simulator.config import RANGES, RunConfig, flag
 from simulator.deploy.model import KV_CACHE_DTYPES, QUANTIZATIONS
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -19,18 +19,33 @@ RESULTS_DIR = Path("results")
 """Where run and batch-table write when not told where."""
 
 
+class SettingType(click.ParamType):
+    """A number-valued setting read from its flag: typed and range-checked by its `RANGES` entry, so
+    a bad value gets the same line here as in a sweep file or a `RunConfig`."""
+
+    def __init__(self, setting: str) -> None:
+        self.setting = setting
+        self.name = "integer" if RANGES[setting].kind is int else "float"  # as click names its own
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int | float:
+        return RANGES[self.setting].parse(self.setting, value)
+
+
 def setting(name: str, *aliases: str, help: str, **kwargs: Any) -> Callable[[F], F]:
-    """The option of RunConfig field `name` (any vLLM names as aliases), its default taken from RunConfig."""
+    """The option of RunConfig field `name` (any vLLM names as aliases), its default taken from RunConfig
+    and, for a number, its type from `RANGES`."""
     default = FIELD_DEFAULTS[name]
     kwargs.setdefault("show_default", default is not None)
+    if name in RANGES:
+        kwargs.setdefault("type", SettingType(name))
     return click.option(flag(name), *aliases, name, default=default, help=help, **kwargs)
 
 
 def deployment_options(command: F) -> F:
     """--tensor-parallel-size, --quantization and --kv-cache-dtype, as vLLM names them."""
     for option in reversed((
-        click.option("--tensor-parallel-size", type=int, default=DEFAULTS.tensor_parallel_size, show_default=True,
-                     help="GPUs the model is split across (tensor parallelism); times and memory per GPU."),
+        setting("tensor_parallel_size", help="GPUs the model is split across (tensor parallelism); times and memory "
+                                             "per GPU."),
         click.option("--quantization", type=click.Choice(QUANTIZATIONS), default=DEFAULTS.quantization,
                      help="fp8: the linear layers' weights in fp8 [default: the checkpoint's]."),
         click.option("--kv-cache-dtype", type=click.Choice(KV_CACHE_DTYPES), default=DEFAULTS.kv_cache_dtype,
@@ -38,3 +53,10 @@ def deployment_options(command: F) -> F:
     )):
         command = option(command)
     return command
+
+
+def aligned(headers: list[str], rows: list[list[str]]) -> str:
+    """Right-aligned columns as wide as their widest cell, two spaces apart: wide values never touch."""
+    widths = [max(len(cell) for cell in column) for column in zip(headers, *rows, strict=True)]
+    return "\n".join("".join(f"{cell:>{width + 2}}" for cell, width in zip(line, widths, strict=True))
+                     for line in [headers, *rows])

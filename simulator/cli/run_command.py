@@ -15,7 +15,7 @@ from click.core import ParameterSource
 
 from policies import ENABLE_CHUNKED_PREFILL, POLICIES, readers
 from simulator.cli.options import RESULTS_DIR, deployment_options, setting
-from simulator.config import DEFAULTS, GOODPUT_METRICS, RunConfig, flag, parse_goodput, parse_percentiles
+from simulator.config import DEFAULTS, GOODPUT_METRICS, RunConfig, flag, parse_goodput, parse_percentiles, quote
 from simulator.cost import COST_MODELS
 from simulator.deploy.hardware import available_gpus
 from simulator.deploy.model import BUILTIN_MODELS
@@ -24,6 +24,7 @@ from simulator.fleet.routers import ROUTERS
 from simulator.metrics.fleet import format_servers
 from simulator.metrics.summary import LATENCIES, load_verdict
 from simulator.outputs.vllm_result import result_path, vllm_result, write_result
+from simulator.run.estimate import check_run_size
 from simulator.run.simulate import DEFAULT_NUM_REQUESTS
 from workloads.lengths import SPECS as LENGTH_SPECS
 
@@ -90,72 +91,72 @@ def read_by(setting: str) -> str:
 @setting("cost", type=click.Choice(COST_MODELS),
          help="Step times from the roofline over the profile's fitted rates, or from its measured kernels.")
 @deployment_options
-@setting("rate", "--request-rate", type=float,
+@setting("rate", "--request-rate",
          help="Open loop: requests/s, gamma-distributed gaps (see --burstiness) [default: inf: all at once].")
-@setting("burstiness", type=float, help="Gamma shape of the gaps: 1 = Poisson, < 1 burstier, > 1 smoother.")
-@setting("concurrency", "--max-concurrency", type=int,
+@setting("burstiness", help="Gamma shape of the gaps: 1 = Poisson, < 1 burstier, > 1 smoother.")
+@setting("concurrency", "--max-concurrency",
          help="Closed loop: this many clients, each sending its next request when the last finishes "
               "[default: none, an open loop].")
-@setting("num_requests", "--num-prompts", type=int,
+@setting("num_requests", "--num-prompts",
          help=f"Requests to send [default: {DEFAULT_NUM_REQUESTS}, or all that arrive within --duration].")
-@setting("duration", type=float,
+@setting("duration",
          help="Open loop: send requests for this many seconds (with --rate) [default: none, --num-requests].")
-@setting("input_len", "--random-input-len", type=int, help="Prompt tokens (the mean, with --input-len-dist).")
-@setting("output_len", "--random-output-len", type=int, help="Output tokens (the mean, with --output-len-dist).")
+@setting("input_len", "--random-input-len", help="Prompt tokens (the mean, with --input-len-dist).")
+@setting("output_len", "--random-output-len", help="Output tokens (the mean, with --output-len-dist).")
 @setting("input_len_dist", help=f"Prompt lengths: {LENGTH_SPECS} (uniform's range ratio, lognormal's sigma).")
 @setting("output_len_dist", help="Output lengths, as --input-len-dist.")
 @click.option("--random-range-ratio", type=float, default=None,
               help="As vllm bench serve: prompt and output lengths uniform in [len*(1-R), len*(1+R)] "
                    "(--input-len-dist and --output-len-dist uniform:R) [default: none].")
 @setting("trace", help="Replay a trace (CSV, JSONL or Parquet; Azure and Mooncake as published) [default: none, a "
-              "synthetic workload].")
-@setting("trace_speed", type=float, help="Replay speed of --trace: 2 replays it twice as fast.")
-@setting("prefix_len", type=int, help="Each prompt starts with one of --num-prefixes shared prefixes of this many "
-         "tokens, then its --input-len own tokens (0: none).")
-@setting("num_prefixes", type=int, help="How many shared prefixes --prefix-len draws from, uniformly by seed.")
-@setting("num_turns", type=int, help="Multi-turn sessions of this many requests: each turn's prompt is the "
-         "conversation so far and a new --input-len question (--rate then counts sessions).")
-@setting("think_time", type=float, help="Seconds between a turn's answer and the session's next turn.")
-@setting("seed", type=int, help="Seed of arrivals and lengths; a seed always gives the same run.")
-@setting("priority_levels", type=int, help=f"{read_by('priority_levels')}: requests get priorities uniform over "
-                                           "0..N-1, lower first (a trace's own `priority` column otherwise) "
-                                           "[default: all 0].")
-@setting("max_num_seqs", type=int, help="Most sequences in one step (and the logits the activation memory holds).")
-@setting("max_num_batched_tokens", type=int, help=f"{read_by('max_num_batched_tokens')}: token budget of one step.")
-@setting("long_prefill_token_threshold", type=int, help=f"{read_by('long_prefill_token_threshold')}: most prompt "
-                                                        "tokens one step gives a request (0: no limit beyond the "
-                                                        "budget).")
-@setting("max_batch_size", type=int, help=f"{read_by('max_batch_size')}: requests in one batch.")
-@setting("max_queue_delay", type=float, help=f"{read_by('max_queue_delay')}: seconds to wait for a batch to fill.")
+                       "synthetic workload].")
+@setting("trace_speed", help="Replay speed of --trace: 2 replays it twice as fast.")
+@setting("prefix_len", help="Each prompt starts with one of --num-prefixes shared prefixes of this many "
+                            "tokens, then its --input-len own tokens (0: none).")
+@setting("num_prefixes", help="How many shared prefixes --prefix-len draws from, uniformly by seed.")
+@setting("num_turns", help="Multi-turn sessions of this many requests: each turn's prompt is the "
+                           "conversation so far and a new --input-len question (--rate then counts sessions).")
+@setting("think_time", help="Seconds between a turn's answer and the session's next turn.")
+@setting("seed", help="Seed of arrivals and lengths; a seed always gives the same run.")
+@setting("priority_levels", help=f"{read_by('priority_levels')}: requests get priorities uniform over "
+                                 "0..N-1, lower first (a trace's own `priority` column otherwise) "
+                                 "[default: all 0].")
+@setting("max_num_seqs", help="Most sequences in one step (and the logits the activation memory holds).")
+@setting("max_num_batched_tokens", help=f"{read_by('max_num_batched_tokens')}: token budget of one step.")
+@setting("long_prefill_token_threshold", help=f"{read_by('long_prefill_token_threshold')}: most prompt "
+                                              "tokens one step gives a request (0: no limit beyond the "
+                                              "budget).")
+@setting("max_batch_size", help=f"{read_by('max_batch_size')}: requests in one batch.")
+@setting("max_queue_delay", help=f"{read_by('max_queue_delay')}: seconds to wait for a batch to fill.")
 @click.option("--enable-chunked-prefill", is_flag=True,
               help=f"As vllm serve: the {ENABLE_CHUNKED_PREFILL} policy (--policy {ENABLE_CHUNKED_PREFILL}).")
-@setting("max_model_len", type=int, help="As vllm serve: refuse a request longer than this many tokens "
-                                         "(prompt + output) [default: the model's context length].")
-@setting("block_size", type=int, help="KV block size in tokens.")
+@setting("max_model_len", help="As vllm serve: refuse a request longer than this many tokens "
+                               "(prompt + output) [default: the model's context length].")
+@setting("block_size", help="KV block size in tokens.")
 @click.option("--enable-prefix-caching/--no-enable-prefix-caching", "enable_prefix_caching",
               default=DEFAULTS["enable_prefix_caching"], show_default=True,
               help="As vllm serve: automatic prefix caching of full KV blocks (acts on workloads with prefix "
                    "identity: --prefix-len, Mooncake hash_ids).")
-@setting("gpu_memory_utilization", type=float, help="Share of GPU memory for weights, activations and KV cache.")
-@setting("num_gpu_blocks_override", type=int, help="Exactly this many KV blocks [default: sized from memory].")
-@setting("num_replicas", type=int, help="Identical servers, each its own GPUs, KV cache and scheduler, behind "
-                                        "--router.")
+@setting("gpu_memory_utilization", help="Share of GPU memory for weights, activations and KV cache.")
+@setting("num_gpu_blocks_override", help="Exactly this many KV blocks [default: sized from memory].")
+@setting("num_replicas", help="Identical servers, each its own GPUs, KV cache and scheduler, behind "
+                              "--router.")
 @setting("router", type=click.Choice(ROUTERS), help="Which server takes each arrival, from the servers' state "
-                                                   "then: in turn, at random, fewest requests, least KV in use, "
-                                                   "longest cached prefix.")
-@setting("prefill_replicas", type=int, help="Disaggregated serving: servers that only prefill (and emit the first "
-                                            "token), with --decode-replicas [default: none, colocated].")
-@setting("decode_replicas", type=int, help="Disaggregated serving: servers that decode what the prefill pool sent "
-                                           "[default: none].")
-@setting("prefill_tensor_parallel_size", type=int, help="GPUs of each prefill server "
-                                                        "[default: --tensor-parallel-size].")
-@setting("decode_tensor_parallel_size", type=int, help="GPUs of each decode server [default: --tensor-parallel-size].")
-@setting("kv_transfer_bandwidth", type=float, help="GB/s per GPU of the link the KV cache crosses from prefill to "
-                                                   "decode [default: the GPU profile's NVLink, 450 on the H100].")
-@setting("kv_transfer_latency", type=float, help="Seconds of fixed time per KV transfer [default: the GPU profile's "
-                                                 "interconnect latency, 1e-05].")
-@setting("time_limit", type=float, help="Stop the simulated clock at this many seconds; requests still in flight "
-                                        "are reported unfinished [default: run to the end].")
+                                                    "then: in turn, at random, fewest requests, least KV in use, "
+                                                    "longest cached prefix.")
+@setting("prefill_replicas", help="Disaggregated serving: servers that only prefill (and emit the first "
+                                  "token), with --decode-replicas [default: none, colocated].")
+@setting("decode_replicas", help="Disaggregated serving: servers that decode what the prefill pool sent "
+                                 "[default: none].")
+@setting("prefill_tensor_parallel_size", help="GPUs of each prefill server "
+                                              "[default: --tensor-parallel-size].")
+@setting("decode_tensor_parallel_size", help="GPUs of each decode server [default: --tensor-parallel-size].")
+@setting("kv_transfer_bandwidth", help="GB/s per GPU of the link the KV cache crosses from prefill to "
+                                       "decode [default: the GPU profile's NVLink, 450 on the H100].")
+@setting("kv_transfer_latency", help="Seconds of fixed time per KV transfer [default: the GPU profile's "
+                                     "interconnect latency, 1e-05].")
+@setting("time_limit", help="Stop the simulated clock at this many seconds; requests still in flight "
+                            "are reported unfinished [default: run to the end].")
 @click.option("--percentiles", "--metric-percentiles", "percentiles", show_default=True,
               default=",".join(f"{q:g}" for q in DEFAULTS["percentiles"]), help="Latency percentiles to report.")
 @click.option("--percentile-metrics", default=",".join(LATENCIES), show_default=True,
@@ -173,9 +174,10 @@ def read_by(setting: str) -> str:
 @click.option("--result-filename", default=None,
               help="Name of the --save-result JSON [default: servesim-RATEqps-MODEL-DATE.json, as vLLM].")
 @click.option("--quiet", is_flag=True, help="No progress bar on stderr (there is none unless stderr is a terminal).")
+@click.option("--force", is_flag=True, help="Run even what is estimated to need more memory than this machine has.")
 def run_command(percentiles: str, percentile_metrics: str, goodput: tuple[str, ...], out: Path | None, tokens: bool,
                 random_range_ratio: float | None, enable_chunked_prefill: bool, save_result: bool,
-                save_detailed: bool, result_dir: Path | None, result_filename: str | None, quiet: bool,
+                save_detailed: bool, result_dir: Path | None, result_filename: str | None, quiet: bool, force: bool,
                 **settings: Any) -> None:
     """Simulate one configuration and print its summary."""
     from simulator.metrics.summary import build_tables, summarize
@@ -195,9 +197,10 @@ def run_command(percentiles: str, percentile_metrics: str, goodput: tuple[str, .
     if saved and not save_result:
         raise InputError(f"{', '.join(flag(name) for name in sorted(saved))} applies only with --save-result")
     now = dt.datetime.now()
-    result_file = result_path(config, result_dir, result_filename, now) if save_result else None
+    result_file = checked_result_path(config, result_dir, result_filename, now) if save_result else None
     if out is not None:
         check_out_dir(out)
+    check_run_size(config, token_rows=save_result, force=force)
     progress = progress_enabled(quiet)
     result = simulate(config, progress=progress)
     with working("building tables", enabled=progress):
@@ -217,6 +220,28 @@ def run_command(percentiles: str, percentile_metrics: str, goodput: tuple[str, .
     if result_file is not None:
         write_result(result_file, vllm_result(summary, config, tables, metrics, save_detailed, now))
         click.echo(f"wrote {result_file}")
+
+
+def checked_result_path(config: RunConfig, result_dir: Path | None, result_filename: str | None,
+                        now: dt.datetime) -> Path:
+    """Where --save-result writes, refused before the run when it lands outside --result-dir or no
+    file can be written there (the run's JSON would be lost after the run)."""
+    from simulator.outputs.run_folder import check_writable
+
+    folder = (result_dir or Path()).resolve()
+    if result_filename is not None:
+        target = (folder / result_filename).resolve()
+        if target == folder or not target.is_relative_to(folder):
+            raise InputError(f"--result-filename {quote(result_filename)} names no file inside --result-dir "
+                             f"{quote(str(result_dir or '.'))}, where it is written: give a file name")
+    if result_dir is not None:
+        check_writable(result_dir, "--result-dir", inside=True)
+    try:
+        path = result_path(config, result_dir, result_filename, now)
+    except OSError as exc:  # a name the file system refuses (too long, say)
+        raise InputError(f"cannot write --result-filename {quote(result_filename)}: {exc.strerror}") from None
+    check_writable(path, "--result-filename")
+    return path
 
 
 def typed_options() -> set[str]:
@@ -248,5 +273,5 @@ def parse_percentile_metrics(text: str) -> tuple[str, ...]:
     names = tuple(name.strip() for name in text.split(",") if name.strip())
     unknown = [name for name in names if name not in LATENCIES]
     if unknown or not names or len(set(names)) < len(names):
-        raise InputError(f"--percentile-metrics takes distinct names from {', '.join(LATENCIES)}, got {text!r}")
+        raise InputError(f"--percentile-metrics takes distinct names from {', '.join(LATENCIES)}, got {quote(text)}")
     return names

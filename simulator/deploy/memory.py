@@ -6,6 +6,8 @@ from __future__ import annotations
 from simulator.deploy.model import ModelSpec
 from simulator.errors import InputError
 
+MOST_GPUS_SUGGESTED = 2**16
+"""The largest tensor parallelism a message suggests (past it: none would do)."""
 # Scratch memory vLLM's profiling run finds on top of the weights: the largest step's activations
 # (hidden states, QKV, the gated MLP's intermediate) plus the fp32 logits of every sequence.
 
@@ -20,29 +22,36 @@ def activation_reserve_bytes(model: ModelSpec, max_num_batched_tokens: int, max_
     return max_num_batched_tokens * per_token + logits
 
 
+def check_memory_share(gpu_memory_utilization: float) -> None:
+    """Refuse a share of memory outside (0, 1] (nan included) before anything is computed from it."""
+    if not 0 < gpu_memory_utilization <= 1:
+        raise InputError(f"--gpu-memory-utilization must be in (0, 1], got {gpu_memory_utilization}")
+
+
 def check_weights_fit(model: ModelSpec, tensor_parallel_size: int, memory_bytes: int,
                       gpu_memory_utilization: float) -> None:
     """Refuse a model whose weights alone overflow each GPU's usable memory, saying how many GPUs
     it takes. `model` is one GPU's shard."""
+    check_memory_share(gpu_memory_utilization)
     usable = memory_bytes * gpu_memory_utilization
     if model.weight_bytes < usable:
         return
+    said = (f"{model.name}'s weights ({model.weight_dtype or model.dtype}) need {model.weight_bytes / 1e9:.1f} GB per "
+            f"GPU at --tensor-parallel-size {tensor_parallel_size}, more than the {usable / 1e9:.1f} GB usable "
+            f"(--gpu-memory-utilization {gpu_memory_utilization} of {memory_bytes / 1e9:.1f} GB)")
     total = model.weight_bytes * tensor_parallel_size
     suggestion = tensor_parallel_size * 2
-    while total / suggestion >= usable * 0.8:
+    while suggestion <= MOST_GPUS_SUGGESTED:
+        if total / suggestion < usable * 0.8:
+            raise InputError(f"{said}: try --tensor-parallel-size {suggestion}")
         suggestion *= 2
-    raise InputError(
-        f"{model.name}'s weights ({model.weight_dtype or model.dtype}) need {model.weight_bytes / 1e9:.1f} GB per GPU "
-        f"at --tensor-parallel-size {tensor_parallel_size}, more than the {usable / 1e9:.1f} GB usable "
-        f"(--gpu-memory-utilization {gpu_memory_utilization} of {memory_bytes / 1e9:.1f} GB): "
-        f"try --tensor-parallel-size {suggestion}")
+    raise InputError(f"{said}; no --tensor-parallel-size up to {MOST_GPUS_SUGGESTED} makes them fit")
 
 
 def kv_capacity_blocks(*, memory_bytes: int, gpu_memory_utilization: float, weight_bytes: int,
                        activation_bytes: int, kv_bytes_per_token: int, block_size: int) -> int:
     """Blocks = (memory x utilization - weights - activations) / bytes per block."""
-    if not 0 < gpu_memory_utilization <= 1:
-        raise InputError(f"--gpu-memory-utilization must be in (0, 1], got {gpu_memory_utilization}")
+    check_memory_share(gpu_memory_utilization)
     if block_size < 1:
         raise InputError(f"--block-size must be a positive number of tokens, got {block_size}")
     free = memory_bytes * gpu_memory_utilization - weight_bytes - activation_bytes

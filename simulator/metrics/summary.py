@@ -22,8 +22,17 @@ from simulator.metrics.tokens import describe_histogram, itl_histogram, tokens_t
 from simulator.run.result import RunResult
 
 LATENCIES = ("ttft", "tpot", "itl", "e2el", "queue")
-# Overloaded: requests in the system grow by more than this fraction of the arrival rate.
-SATURATED_GROWTH_FRACTION = 0.02
+# The overload verdict (`load_state`): growth of the requests in the system that is material (this
+# share of the arrival rate: a server 5% past its capacity) and beyond its own noise (this many
+# standard errors); a backlog that lasted (the later requests waited for a first token this many
+# times as long as nearly all of the first did); waits that grew (this many times the first's).
+SATURATED_GROWTH_FRACTION = 0.05
+GROWTH_STANDARD_ERRORS = 3.0
+BACKLOG_WAIT_FACTOR = 4.0
+GROWN_WAIT_FACTOR = 3.0
+NOISE_POINTS = 400
+"""Evenly spaced instants at which the count's departures from its fitted line are taken, to measure
+their spread and how long they stay correlated."""
 
 
 def build_tables(result: RunResult, tokens: bool = True) -> Tables:
@@ -103,12 +112,20 @@ def load_state(result: RunResult, steps: pl.DataFrame) -> dict[str, Any]:
     """Did the server keep up with an open-loop arrival rate?
 
     Over the second half of the arrival window (past the warm-up, while arrivals still come) the
-    number of requests in the system (waiting + running) is fitted against time: an overloaded
-    server shows a steady growth, larger than 2% of the arrival rate and than three times the
-    count's scatter about the fitted line; a stable one wanders about a level. When that half-window
-    is shorter than twice the latency of the earliest requests, the system has not settled and the
-    run cannot tell (`kept_up` None), as when no request finished at all. Time-utilisation is
-    reported too, but it is no test: a continuous batcher is busy whenever one request decodes.
+    number of requests in the system (waiting + running, every server's summed) is fitted against
+    time. A short run of a stable server wanders (a burst fills the batch and drains slowly), so a
+    slope alone is no evidence. The server is called overloaded only when both signs of a backlog
+    growing without bound show: the count grows materially (more than 5% of the arrival rate) and
+    beyond its own noise (three standard errors; the noise measured from the run: the spread about
+    the line, correlated over the longer of the early requests' latency and the departures' own
+    autocorrelation time), and the arrivals of both the third and the last quarter waited for a
+    first token four times as long as nearly all of the first tenth (the 90th percentile: a backlog
+    that lasted, not a passing burst or a few long prompts). It kept up when the count does not grow
+    so and the last quarter's waits did not grow to three times the first tenth's. Otherwise, or
+    when the half-window is shorter than twice the early requests' latency, the run cannot tell
+    (`kept_up` None). The fitted growth is `queue_growth`, reported whenever the fit ran.
+    Time-utilisation is reported too, but it is no test: a continuous batcher is busy whenever one
+    request decodes.
     """
     requests = result.requests
     state: dict[str, Any] = {"load": "open loop", "kept_up": None, "utilisation": 0.0, "queue_growth": None,
@@ -129,40 +146,103 @@ def load_state(result: RunResult, steps: pl.DataFrame) -> dict[str, Any]:
         return state | {"load": "all at once"}
     state["offered_rate"] = (len(requests) - 1) / (last_arrival - first)
     half = (first + last_arrival) / 2
-    window = steps.filter(pl.col("start").is_between(half, last_arrival))
     # The settling time scale: latency of the earliest tenth of requests, before any queue built up.
     early = slice(0, max(1, len(requests) // 10))
     e2el = requests.finish[early] - requests.arrival[early]
     typical_latency = float(np.nanmedian(e2el)) if not np.isnan(e2el).all() else math.inf
-    if len(window) < 3 or last_arrival - half < 2 * typical_latency:
+    if last_arrival - half < 2 * typical_latency:
         return state
-    in_system = (window["num_waiting"] + window["num_running"]).to_numpy().astype(float)
-    t = window["start"].to_numpy()
-    if np.ptp(t) == 0:  # every step of the window starts at one instant (a fleet's): no time to grow over
-        return state
-    t = t - t.mean()  # centred: a fit over a short window late in a long run stays well conditioned
-    slope, intercept = np.polyfit(t, in_system, 1)
-    residual = float(np.std(in_system - (slope * t + intercept)))
-    # A fleet's steps each count one server's requests: the fleet's grow num_servers times as fast.
-    state["queue_growth"] = float(slope) * num_servers
-    # Growth must be material (a share of the arrival rate) and beyond the count's own wander.
-    material = state["queue_growth"] > SATURATED_GROWTH_FRACTION * state["offered_rate"]
-    beyond_noise = slope * (last_arrival - half) > 3 * residual
-    state["kept_up"] = not (material and beyond_noise)
+    growth, standard_error = in_system_growth(steps, half, last_arrival, typical_latency)
+    state["queue_growth"] = growth
+    growing = (growth > SATURATED_GROWTH_FRACTION * state["offered_rate"]
+               and growth > GROWTH_STANDARD_ERRORS * standard_error)
+    first_median, first_p90, third_quarter, last_quarter = first_token_waits(result)
+    backlog = min(third_quarter, last_quarter) >= BACKLOG_WAIT_FACTOR * first_p90
+    if growing and backlog:
+        state["kept_up"] = False
+    elif not growing and last_quarter < GROWN_WAIT_FACTOR * first_median:
+        state["kept_up"] = True
     return state
+
+
+def in_system_count(steps: pl.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    """The requests in the system (waiting + running) as a step function of time: from each instant
+    of `times` until the next, `counts`; a fleet's servers (each step counts its own) summed."""
+    counts = (steps["num_waiting"] + steps["num_running"]).to_numpy()
+    starts = steps["start"].to_numpy()
+    servers = steps["server"].to_numpy() if "server" in steps.columns else np.zeros(len(starts), dtype=np.int64)
+    times = np.unique(starts)
+    total = np.zeros(len(times), dtype=np.float64)
+    for server in np.unique(servers):
+        mine = servers == server
+        latest = np.searchsorted(starts[mine], times, side="right") - 1  # each server's last step by then
+        total += np.where(latest >= 0, counts[mine][np.maximum(latest, 0)], 0)
+    return times, total
+
+
+def in_system_growth(steps: pl.DataFrame, start: float, end: float, settle: float) -> tuple[float, float]:
+    """The growth (requests/s) of the requests in the system over [start, end], the slope of its
+    time-weighted least-squares line, and that slope's standard error: the spread about the line,
+    correlated over the longer of `settle` (s) and the departures' integrated autocorrelation time."""
+    times, counts = in_system_count(steps)
+    inside = (times > start) & (times < end)
+    edges = np.concatenate(([start], times[inside], [end]))
+    values = counts[np.maximum(np.searchsorted(times, edges[:-1], side="right") - 1, 0)]
+    values[edges[:-1] < times[0]] = 0.0  # before the first step nothing was in the system
+    span, centre = end - start, (start + end) / 2
+    a, b = edges[:-1] - centre, edges[1:] - centre
+    slope = float(np.sum(values * (b**2 - a**2) / 2) / (span**3 / 12))
+    level = float(np.sum(values * (b - a)) / span)
+    instants = start + (np.arange(NOISE_POINTS) + 0.5) * span / NOISE_POINTS
+    at = values[np.searchsorted(edges, instants, side="right") - 1]
+    departures = at - (level + slope * (instants - centre))
+    correlated = max(settle, autocorrelation_time(departures, span / NOISE_POINTS))
+    return slope, float(np.std(departures)) * math.sqrt(12 * correlated / span**3)
+
+
+def autocorrelation_time(series: np.ndarray, spacing: float) -> float:
+    """Integrated autocorrelation time (s) of evenly spaced `series`: `spacing` x (1 + 2 x the sum of
+    its autocorrelations up to the first that is not positive)."""
+    centred = series - series.mean()
+    variance = float(np.dot(centred, centred))
+    if variance == 0:
+        return spacing
+    correlations = np.correlate(centred, centred, "full")[len(centred):] / variance
+    stop = np.flatnonzero(correlations <= 0)
+    return spacing * (1 + 2 * float(np.sum(correlations[:stop[0] if len(stop) else len(correlations)])))
+
+
+def first_token_waits(result: RunResult) -> tuple[float, float, float, float]:
+    """How long requests waited for a first token: the first tenth of the arrivals' median and 90th
+    percentile, the third quarter's median and the last quarter's. A request without a first token
+    waited at least until the run's end."""
+    requests = result.requests
+    first_token = np.where(np.isnan(requests.first_token), result.end_time, requests.first_token)
+    wait = first_token - requests.arrival
+    n = len(wait)
+    first = wait[:max(1, n // 10)]
+    third_quarter, last_quarter = wait[n // 2:max(3 * n // 4, n // 2 + 1)], wait[3 * n // 4:]
+    return (float(np.median(first)), float(np.percentile(first, 90)), float(np.median(third_quarter)),
+            float(np.median(last_quarter)))
 
 
 def load_verdict(kept_up: object, load: object, offered_rate: str, queue_growth: str) -> tuple[str, str] | None:
     """(kind, sentence) for what `load_state` found, as the CLI and the report both say it: overloaded,
-    too short to tell, a burst, or kept up; None when the state says none of these. The two rates
-    come formatted (the report formats numbers read from a file it does not trust)."""
+    too short to tell (the window too short, or the signs of a backlog mixed), a burst, or kept up;
+    None when the state says none of these. The two rates come formatted, "-" for none (the report
+    formats numbers read from a file it does not trust)."""
     if kept_up is False:
         return "bad", (f"OVERLOADED: the server did not keep up with {offered_rate} req/s (requests in the system "
                        f"grew by {queue_growth}/s in the second half of the arrivals). Queues grow without bound at "
                        "this rate, so TTFT and queue time measure the run's length, not the server.")
-    if kept_up is None and load == "open loop":
+    if kept_up is None and load == "open loop" and queue_growth == "-":
         return "unsure", ("Too short to tell whether the server keeps up at this rate: the second half of the "
                           "arrivals lasted less than twice a typical request's latency. Send more requests.")
+    if kept_up is None and load == "open loop":
+        return "unsure", (f"Too short to tell whether the server keeps up at this rate: in the second half of the "
+                          f"arrivals the requests in the system grew by {queue_growth}/s, and this run cannot tell "
+                          "a backlog growing without bound (steady growth, late requests waiting ever longer for a "
+                          "first token) from a passing one. Send more requests.")
     if load == "all at once":
         return "unsure", "All requests arrived at once (--rate inf): a burst, not a steady load."
     if kept_up is True:

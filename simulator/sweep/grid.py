@@ -25,9 +25,9 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from simulator.config import RunConfig, parse_goodput, parse_percentiles
+from simulator.config import RANGES, RunConfig, parse_goodput, parse_percentiles, quote
 from simulator.errors import InputError
-from simulator.sweep.executors import Rows, WorkerDied, run_local, run_ray, setting_column
+from simulator.sweep.executors import Rows, WorkerDied, config_from_settings, run_local, run_ray, setting_column
 
 if TYPE_CHECKING:
     import polars as pl
@@ -61,37 +61,30 @@ BOOLEANS = {"true": True, "on": True, "yes": True, "false": False, "off": False,
 
 
 def parse_value(name: str, value: Any) -> Any:
-    """One value of setting `name`, from command-line text or a YAML/TOML scalar."""
+    """One value of setting `name`, from command-line text or a YAML/TOML scalar; a number typed and
+    range-checked by `RANGES`, as the command line of `simulate run` checks it."""
     kind, optional = SETTING_TYPES[name]
+    if isinstance(value, str) and optional and value.strip().lower() in ("none", "null"):
+        return None
+    if value is None and optional:
+        return None
     if kind is bool:
         if isinstance(value, bool):
             return value
         if isinstance(value, str) and value.strip().lower() in BOOLEANS:
             return BOOLEANS[value.strip().lower()]
-        raise InputError(f"{flag(name)} takes true or false, got {value!r}")
+        raise InputError(f"{flag(name)} takes true or false, got {quote(value)}")
+    if name in RANGES:
+        return RANGES[name].parse(name, value)
     if isinstance(value, str):
-        text = value.strip()
-        if optional and text.lower() in ("none", "null"):
-            return None
-        if kind is str:
-            return text
-        try:
-            return kind(text)
-        except ValueError:
-            raise InputError(f"{flag(name)} takes {kind.__name__} values, got {text!r}") from None
-    if value is None and optional:
-        return None
-    if kind is float and isinstance(value, (int, float)) and not isinstance(value, bool):
-        return float(value)
-    if kind is int and isinstance(value, int) and not isinstance(value, bool):
-        return value
-    raise InputError(f"{flag(name)} takes {kind.__name__} values, got {value!r}")
+        return value.strip()
+    raise InputError(f"{flag(name)} takes {kind.__name__} values, got {quote(value)}")
 
 
 def setting_name(key: str) -> str:
     name = key.replace("-", "_").removeprefix("__")
     if name not in RunConfig.field_names():
-        raise InputError(f"unknown setting {key!r} (a sweep takes the settings of `simulate run`)")
+        raise InputError(f"unknown setting {quote(key)} (a sweep takes the settings of `simulate run`)")
     return name
 
 
@@ -105,7 +98,7 @@ def check_name(name: str, value: Any) -> None:
 
     def trace_exists(path: str) -> None:
         if not Path(path).is_file():
-            raise InputError(f"no such trace file {path!r}")
+            raise InputError(f"no such trace file {quote(path)}")
 
     def known_router(name: str) -> None:
         if name not in ROUTERS:
@@ -121,7 +114,7 @@ def check_name(name: str, value: Any) -> None:
         try:
             checks[name](value)
         except InputError as exc:
-            raise InputError(f"{flag(name)} lists {value!r}: {exc}") from None
+            raise InputError(f"{flag(name)} lists {quote(value)}: {exc}") from None
 
 
 def read_sweep_file(path: Path, subject: str) -> pl.DataFrame:
@@ -152,7 +145,7 @@ class SweepSpec:
             seen = set()
             for value in values:
                 if value in seen:
-                    raise InputError(f"{flag(name)} lists {value!r} twice")
+                    raise InputError(f"{flag(name)} lists {quote(value)} twice")
                 seen.add(value)
                 check_name(name, value)
         # Validates them once for every configuration, and writes them as RunConfig.to_dict does.
@@ -179,23 +172,24 @@ def read_spec_file(path: Path) -> tuple[dict[str, list[Any]], dict[str, str]]:
     import yaml
 
     if not path.is_file():
-        raise InputError(f"--file {str(path)!r} does not exist")
+        raise InputError(f"--file {quote(str(path))} does not exist")
     try:
         if path.suffix == ".toml":
             data = tomllib.loads(path.read_text())
         elif path.suffix in (".yaml", ".yml"):
             data = yaml.safe_load(path.read_text()) or {}
         else:
-            raise InputError(f"--file {str(path)!r} must be .yaml, .yml or .toml")
+            raise InputError(f"--file {quote(str(path))} must be .yaml, .yml or .toml")
     except (tomllib.TOMLDecodeError, yaml.YAMLError) as exc:
-        raise InputError(f"--file {str(path)!r} is not valid: {str(exc).splitlines()[0]}") from None
+        raise InputError(f"--file {quote(str(path))} is not valid: {str(exc).splitlines()[0]}") from None
     if not isinstance(data, dict) or set(data) - {"axes", "fixed"}:
-        raise InputError(f"--file {str(path)!r} takes only the tables 'axes' and 'fixed'")
+        raise InputError(f"--file {quote(str(path))} takes only the tables 'axes' and 'fixed'")
     for section, value in data.items():
         if value is not None and not isinstance(value, dict):
-            raise InputError(f"'{section}' in --file {str(path)!r} must be a table of setting: value, got {value!r}")
+            raise InputError(f"'{section}' in --file {quote(str(path))} must be a table of setting: value, "
+                             f"got {quote(value)}")
     if not any(data.values()):
-        raise InputError(f"--file {str(path)!r} sets nothing: give 'axes' (setting: [values]) or 'fixed'")
+        raise InputError(f"--file {quote(str(path))} sets nothing: give 'axes' (setting: [values]) or 'fixed'")
     axes: dict[str, list[Any]] = {}
     sweep_wide: dict[str, str] = {}
     for section in ("axes", "fixed"):
@@ -207,7 +201,8 @@ def read_spec_file(path: Path) -> tuple[dict[str, list[Any]], dict[str, str]]:
                 sweep_wide[name] = ",".join(f"{v}" for v in value) if isinstance(value, list) else str(value)
             elif section == "axes":
                 if not isinstance(value, list):
-                    raise InputError(f"axis {key!r} in {str(path)!r} must be a list of values, got {value!r}")
+                    raise InputError(f"axis {quote(key)} in {quote(str(path))} must be a list of values, "
+                                     f"got {quote(value)}")
                 axes[name] = [parse_value(name, v) for v in value]
             else:
                 axes[name] = [parse_value(name, value)]
@@ -231,7 +226,7 @@ class SweepStore:
         self.metadata = metadata
         self.rows: dict[str, dict[str, Any]] = {}
         if out.exists():
-            existing = read_sweep_file(out, f"--out {str(out)!r} exists and")
+            existing = read_sweep_file(out, f"--out {quote(str(out))} exists and")
             self.rows.update((row["config_id"], row) for row in existing.to_dicts())
         if self.parts.is_dir():
             for part in sorted(self.parts.glob("*.parquet")):
@@ -295,37 +290,42 @@ class SweepOutcome:
     """(config_id, error) of this run's failures."""
     succeeded: int
     """Configurations of this sweep whose row holds no error, this run's and earlier ones."""
+    rows: list[dict[str, Any]]
+    """This sweep's rows, this run's and earlier ones, in product order."""
 
 
 def run_sweep(spec: SweepSpec, out: Path, *, jobs: int = 1, executor: str = "local", address: str | None = None,
-              tables_dir: Path | None = None, retry_failed: bool = False, progress: bool = False) -> SweepOutcome:
+              tables_dir: Path | None = None, retry_failed: bool = False, progress: bool = False,
+              force: bool = False) -> SweepOutcome:
     """Run every configuration of `spec` not already in `out`, committing each row as it finishes.
 
     One sweep at a time writes `out`: a second one is refused while the first holds its lock.
+    Unless `force`, a configuration estimated to need more memory than this machine has is
+    refused before any runs.
     """
     from simulator.outputs.locks import Busy, exclusive
     from simulator.outputs.run_folder import check_writable
 
     if out.is_dir():
-        raise InputError(f"--out {str(out)!r} is a folder; give a .parquet file")
+        raise InputError(f"--out {quote(str(out))} is a folder; give a .parquet file")
     if jobs < 1:
         raise InputError(f"--jobs must be a positive number of workers, got {jobs}")
     if address is not None and executor != "ray":
-        raise InputError(f"--address {address!r} is for --executor ray")
+        raise InputError(f"--address {quote(address)} is for --executor ray")
     check_writable(out, "--out")
     if tables_dir is not None:
         check_writable(tables_dir, "--tables", inside=True)
     out.parent.mkdir(parents=True, exist_ok=True)
     try:
         with exclusive(out.with_name(f".{out.name}.lock")):
-            return run_unlocked(spec, out, jobs, executor, address, tables_dir, retry_failed, progress)
+            return run_unlocked(spec, out, jobs, executor, address, tables_dir, retry_failed, progress, force)
     except Busy as holder:
-        raise InputError(f"--out {str(out)!r} is being written by another sweep ({holder}); when it ends, rerun "
+        raise InputError(f"--out {quote(str(out))} is being written by another sweep ({holder}); when it ends, rerun "
                          "this command to add this sweep's rows") from None
 
 
 def run_unlocked(spec: SweepSpec, out: Path, jobs: int, executor: str, address: str | None,
-                 tables_dir: Path | None, retry_failed: bool, progress: bool) -> SweepOutcome:
+                 tables_dir: Path | None, retry_failed: bool, progress: bool, force: bool) -> SweepOutcome:
     from simulator.progress import Bar
 
     configs = [(config_id(settings), settings) for settings in spec.settings()]
@@ -333,6 +333,8 @@ def run_unlocked(spec: SweepSpec, out: Path, jobs: int, executor: str, address: 
     store = SweepStore(out, spec.metadata())
     done = store.done(retry_failed)
     todo = [(cid, settings) for cid, settings in configs if cid not in done]
+    if not force:
+        check_sizes(todo, tables=tables_dir is not None)
     tables = str(tables_dir) if tables_dir is not None else None
     rows: Rows = (run_ray(todo, jobs, address, tables) if executor == "ray"
                                       else run_local(todo, jobs, tables))
@@ -353,5 +355,22 @@ def run_unlocked(spec: SweepSpec, out: Path, jobs: int, executor: str, address: 
         bar.close()
         store.flush(order)
     store.drop_parts()
-    succeeded = sum(1 for cid in order if store.rows[cid].get("error") is None)
-    return SweepOutcome(len(configs), len(configs) - len(todo), len(todo), failed, succeeded)
+    found = [store.rows[cid] for cid in order]
+    succeeded = sum(1 for row in found if row.get("error") is None)
+    return SweepOutcome(len(configs), len(configs) - len(todo), len(todo), failed, succeeded, found)
+
+
+def check_sizes(todo: list[tuple[str, dict[str, Any]]], tables: bool) -> None:
+    """Refuse the sweep when a configuration is estimated to need more memory than this machine has
+    (its tokens table held in memory when `tables`); one its settings refuse fails in its own row."""
+    from simulator.run.estimate import check_run_size
+
+    for cid, settings in todo:
+        try:
+            config = config_from_settings(settings)
+        except InputError:
+            continue
+        try:
+            check_run_size(config, token_rows=tables, force=False)
+        except InputError as exc:
+            raise InputError(f"configuration {cid}: {exc}") from None
