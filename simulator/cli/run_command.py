@@ -228,12 +228,6 @@ def checked_result_path(config: RunConfig, result_dir: Path | None, result_filen
     file can be written there (the run's JSON would be lost after the run)."""
     from simulator.outputs.run_folder import check_writable
 
-    folder = (result_dir or Path()).resolve()
-    if result_filename is not None:
-        target = (folder / result_filename).resolve()
-        if target == folder or not target.is_relative_to(folder):
-            raise InputError(f"--result-filename {quote(result_filename)} names no file inside --result-dir "
-                             f"{quote(str(result_dir or '.'))}, where it is written: give a file name")
     if result_dir is not None:
         check_writable(result_dir, "--result-dir", inside=True)
     try:

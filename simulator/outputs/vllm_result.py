@@ -41,9 +41,12 @@ def result_path(config: RunConfig, result_dir: Path | None, result_filename: str
     # A model given as a path is named by its folder: its slashes would make folders of the name.
     model = Path(config.model).parent.name if config.model.endswith(".json") else Path(config.model).name
     name = result_filename or f"{BACKEND}-{rate}qps{concurrency}-{model}-{now:%Y%m%d-%H%M%S}.json"
-    if Path(name).is_absolute() or ".." in Path(name).parts:
-        raise InputError(f"the result file's name {clip(repr(name))} leads outside --result-dir; give a name in it")
     path = (result_dir or Path()) / name
+    folder = (result_dir or Path()).resolve()
+    if Path(name).is_absolute() or ".." in Path(name).parts or not path.resolve().is_relative_to(folder) \
+            or path.resolve() == folder:
+        given = "--result-filename" if result_filename is not None else "the result file's name"
+        raise InputError(f"{given} {clip(repr(name))} leads outside --result-dir; give a name in it")
     if path.is_dir():
         raise InputError(f"--result-filename {str(path)!r} is a folder; give the name of the file to write")
     if path.exists():
