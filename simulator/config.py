@@ -247,9 +247,17 @@ class RunConfig:
                              f"(choose from {', '.join(KV_CACHE_DTYPES)})")
 
     def _check_load(self) -> None:
-        """An open loop's rate or a closed loop's clients, not both."""
-        if self.rate is not None and self.concurrency is not None:
-            raise InputError("give --rate (open loop) or --concurrency (closed loop), not both")
+        """A finite --rate with --concurrency is vLLM's open loop capped at that many requests in flight;
+        sessions pace their own turns and take no cap."""
+        if self.capped_open_loop and self.num_turns > 1:
+            raise InputError(f"--num-turns {self.num_turns} paces its own turns; it takes no --max-concurrency cap "
+                             "on an open loop")
+
+    @property
+    def capped_open_loop(self) -> bool:
+        """An open loop of `rate` with at most `concurrency` requests in flight (`vllm bench serve
+        --request-rate R --max-concurrency N`); with `rate` inf it is a closed loop of `concurrency`."""
+        return self.concurrency is not None and self.rate is not None and math.isfinite(self.rate)
 
     def _check_turns(self) -> None:
         if self.think_time and self.num_turns == 1:
@@ -276,14 +284,14 @@ class RunConfig:
 
     def _check_synthetic_workload(self) -> None:
         """What the workload builder would refuse, said with the flags (it names its arguments)."""
-        if self.concurrency is not None and self.burstiness != DEFAULTS["burstiness"]:
+        if self.concurrency is not None and self.rate is None and self.burstiness != DEFAULTS["burstiness"]:
             raise InputError(f"--burstiness {self.burstiness:g} shapes an open loop's arrivals (--rate); "
                              "a closed loop (--concurrency) has none")
         if self.burstiness != DEFAULTS["burstiness"] and (self.rate is None or math.isinf(self.rate)):
             raise InputError(f"--burstiness {self.burstiness:g} shapes the gaps between arrivals and needs a finite "
                              "--rate: with all requests at once (--rate inf, the default) there are none")
         if self.duration is not None:
-            if self.concurrency is not None:
+            if self.concurrency is not None and self.rate is None:
                 raise InputError("--duration bounds an open loop (--rate); a closed loop (--concurrency) runs "
                                  "--num-requests requests")
             if self.rate is None or math.isinf(self.rate):

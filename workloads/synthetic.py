@@ -22,13 +22,11 @@ def length_dists(input_len: int, output_len: int, input_dist: str, output_dist: 
 
 def check_settings(rate: float | None, concurrency: int | None, num_requests: int | None, seed: int,
                    burstiness: float) -> None:
-    """Refuse both or neither of a rate and a concurrency, a count or seed that is not a whole number,
-    and a burstiness that is not positive (what only one loop takes is checked with that loop)."""
-    if (rate is None) == (concurrency is None):
-        raise InputError(
-            f"give exactly one of rate (open loop) or concurrency (closed loop), "
-            f"got rate={rate} and concurrency={concurrency}"
-        )
+    """Refuse neither a rate nor a concurrency, a count or seed that is not a whole number, and a
+    burstiness that is not positive (what only one loop takes is checked with that loop)."""
+    if rate is None and concurrency is None:
+        raise InputError("give a rate (open loop), a concurrency (closed loop), or both (an open loop capped at "
+                         "that many requests in flight)")
     if num_requests is not None and (
         isinstance(num_requests, bool) or not isinstance(num_requests, int) or num_requests < 1
     ):
@@ -86,9 +84,10 @@ def synthetic_workload(
 ) -> Workload:
     """Build a synthetic workload; the same arguments always give the same workload.
 
-    Give exactly one of `rate` (open loop, requests/s, inf = all at once) or `concurrency` (closed
-    loop). An open loop needs `num_requests` or `duration` (seconds; with both, `num_requests` caps
-    the count). A closed loop needs `num_requests`.
+    Give `rate` (open loop, requests/s, inf = all at once), `concurrency` (closed loop), or both
+    (an open loop whose client holds at most `concurrency` requests in flight). An open loop needs
+    `num_requests` or `duration` (seconds; with both, `num_requests` caps the count). A closed loop
+    needs `num_requests`.
 
     Arrivals, prompt lengths and output lengths come from three independent streams spawned from
     `seed`, so changing the rate or burstiness leaves the lengths of a given seed unchanged (and a

@@ -36,7 +36,9 @@ class Workload:
     Open loop: `arrival` holds each request's arrival in seconds (non-decreasing, >= 0; the first
     may be > 0) and `concurrency` is None. Closed loop: `arrival` is None, `concurrency` clients
     each send their next request when the previous one finishes, and the engine decides arrival
-    times. Two workloads are equal when every column is (wherever they were read from).
+    times. Both: an open loop capped at `concurrency` requests in flight (`vllm bench serve
+    --request-rate --max-concurrency`): a request due while that many are in flight is sent, in
+    turn, when one of them finishes. Two workloads are equal when every column is (wherever they were read from).
     """
 
     prompt_tokens: npt.NDArray[np.int64]
@@ -75,16 +77,14 @@ class Workload:
             raise InputError(f"workload turns must be a positive integer, got {self.turns!r}")
         if not (0 <= self.think_time < float("inf")):
             raise InputError(f"workload think time must be finite seconds >= 0, got {self.think_time!r}")
-        if (self.arrival is None) == (self.concurrency is None):
-            raise InputError(
-                "workload needs exactly one of arrival times (open loop) "
-                "or concurrency (closed loop)"
-            )
+        if self.arrival is None and self.concurrency is None:
+            raise InputError("workload needs arrival times (open loop), a concurrency (closed loop), or both")
         if self.concurrency is not None:
             if isinstance(self.concurrency, bool) or not isinstance(self.concurrency, int):
                 raise InputError(f"concurrency must be an integer, got {self.concurrency!r}")
             if self.concurrency < 1:
                 raise InputError(f"concurrency must be >= 1, got {self.concurrency}")
+        if self.arrival is None:
             return
         arrival = _check_column("arrival", self.arrival, np.float64)
         if len(arrival) != n:

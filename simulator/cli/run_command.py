@@ -95,8 +95,9 @@ def read_by(setting: str) -> str:
          help="Open loop: requests/s, gamma-distributed gaps (see --burstiness) [default: inf: all at once].")
 @setting("burstiness", help="Gamma shape of the gaps: 1 = Poisson, < 1 burstier, > 1 smoother.")
 @setting("concurrency", "--max-concurrency",
-         help="Closed loop: this many clients, each sending its next request when the last finishes "
-              "[default: none, an open loop].")
+         help="Closed loop: this many clients, each sending its next request when the last finishes; "
+              "with a finite --rate, at most this many requests in flight, as vllm bench serve caps an open "
+              "loop [default: none, an open loop].")
 @setting("num_requests", "--num-prompts",
          help=f"Requests to send [default: {DEFAULT_NUM_REQUESTS}, or all that arrive within --duration].")
 @setting("duration",

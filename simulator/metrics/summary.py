@@ -139,6 +139,8 @@ def load_state(result: RunResult, steps: pl.DataFrame) -> dict[str, Any]:
     state["utilisation"] = float(steps["duration"].sum()) / num_servers / (last - first) if last > first else 1.0
     if np.isnan(finishes).all():
         return state | {"load": "none finished"}  # cut off by --time-limit before any request finished
+    if result.config.capped_open_loop:
+        return state | {"load": "capped open loop", "offered_rate": result.config.rate}
     if result.config.concurrency is not None and result.config.trace is None:
         return state | {"load": "closed loop", "kept_up": True}
     last_arrival = float(requests.arrival[-1])
@@ -243,6 +245,11 @@ def load_verdict(kept_up: object, load: object, offered_rate: str, queue_growth:
                           f"arrivals the requests in the system grew by {queue_growth}/s, and this run cannot tell "
                           "a backlog growing without bound (steady growth, late requests waiting ever longer for a "
                           "first token) from a passing one. Send more requests.")
+    if load == "capped open loop":
+        return "unsure", (f"An open loop of {offered_rate} req/s capped at --max-concurrency requests in flight: a "
+                          "request due while the cap is reached waits in the client, and its latencies count from "
+                          "its send, as vllm bench serve counts them. Whether the server keeps up with the rate "
+                          "itself is not judged; the request throughput is the rate it served.")
     if load == "all at once":
         return "unsure", "All requests arrived at once (--rate inf): a burst, not a steady load."
     if kept_up is True:

@@ -3,6 +3,8 @@ kinds of client that send them to the servers (one server, or a fleet's entry).
 
 - `OpenLoop`: each request at its arrival time, whatever the servers do;
 - `ClosedLoop`: `concurrency` clients, each sending its next request when its last one finishes;
+- `CappedOpenLoop`: each request at its arrival time unless `concurrency` are in flight, then in turn
+  at the next finish (`vllm bench serve --request-rate --max-concurrency`);
 - `Sessions`: multi-turn conversations (`simulator.run.sessions`);
 - `BenchmarkClients`: a benchmark client as `simulate compare` reruns it (`simulator.sim2real.replay`):
   a warm-up answered whole, then a closed loop (or the arrivals), each request reaching the servers a
@@ -125,6 +127,47 @@ class ClosedLoop:
             self.entry.submit(requests.make(at), at)
 
 
+class CappedOpenLoop:
+    """Each request sent at its arrival time, unless `concurrency` are in flight: then it waits in the
+    client and is sent, in arrival order, at the next finish. vLLM's benchmark client holds a
+    semaphore of `--max-concurrency` slots and starts a request's clock once it has one, so a
+    request's arrival here is its send, and its latencies count from there."""
+
+    def __init__(self, env: Clock, requests: Requests, arrivals: list[float], concurrency: int) -> None:
+        self.env = env
+        self.requests = requests
+        self.due = arrivals
+        self.concurrency = concurrency
+        self.in_flight = 0
+        self.held = 0
+        """Requests due but not sent (the next ones in arrival order)."""
+        self.arrivals: list[float] | None = None  # sends depend on the finishes
+        self.on_finish: Callable[[Request, float], None] | None = self._reply
+
+    def start(self, entry: Entry) -> None:
+        self.entry = entry
+        self.env.process(self._arrive())
+
+    def _arrive(self) -> Process:
+        env, make, submit = self.env, self.requests.make, self.entry.submit
+        for t in self.due:
+            now = env.now
+            if t > now:
+                yield env.arrival_timeout(t - now)
+            if self.in_flight < self.concurrency:
+                self.in_flight += 1
+                submit(make(t))
+            else:
+                self.held += 1
+
+    def _reply(self, _finished: Request, at: float) -> None:
+        if self.held:
+            self.held -= 1
+            self.entry.submit(self.requests.make(at), at)
+        else:
+            self.in_flight -= 1
+
+
 class Sessions:
     """`SessionClients` (shared with the test oracle) sending through `Requests` to the servers."""
 
@@ -152,6 +195,8 @@ def workload_clients(env: Clock, requests: Requests) -> Clients:
     if workload.arrival is None:
         assert workload.concurrency is not None
         return ClosedLoop(requests, workload.concurrency)
+    if workload.concurrency is not None:
+        return CappedOpenLoop(env, requests, workload.arrival.tolist(), workload.concurrency)
     return OpenLoop(env, requests, workload.arrival.tolist())
 
 

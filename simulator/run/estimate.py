@@ -81,7 +81,8 @@ def synthetic_requests(config: RunConfig) -> int:
     """Requests a synthetic workload sends: --num-requests, or about --rate x --duration."""
     if config.num_requests is not None:
         return config.num_requests
-    if config.duration is not None and config.rate is not None and config.concurrency is None:
+    if config.duration is not None and config.rate is not None and (config.concurrency is None
+                                                                     or config.capped_open_loop):
         return math.ceil(config.rate * config.duration)
     return DEFAULT_NUM_REQUESTS
 

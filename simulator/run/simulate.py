@@ -43,10 +43,12 @@ def _lengths_and_arrivals(config: RunConfig) -> Workload:
     if config.trace is not None:
         return read_trace(config.trace, speed=config.trace_speed, limit=config.num_requests)
     num_requests = config.num_requests
-    if num_requests is None and (config.duration is None or config.concurrency is not None):
+    if num_requests is None and config.duration is None:
         num_requests = DEFAULT_NUM_REQUESTS
     rate = config.rate
-    if rate is None and config.concurrency is None:
+    if config.concurrency is not None and not config.capped_open_loop:
+        rate = None  # all at once, at most `concurrency` in flight: a closed loop
+    elif rate is None:
         rate = math.inf  # `vllm bench serve` sends everything at once unless given a rate
     return synthetic_workload(
         input_len=config.input_len, output_len=config.output_len,
