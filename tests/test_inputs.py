@@ -88,6 +88,17 @@ def test_an_absurd_number_is_refused_naming_the_flag_as_typed(args: list[str], n
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.parametrize(("args", "named"), [
+    (["--num-requests", "20,1e308"], "--num-requests"), (["--duration", "1e308", "--rate", "1"], "--duration"),
+    (["--input-len", f"300,{2**63}"], "--input-len"), (["--jobs", "100000000"], "--jobs"), (["--jobs", "0"], "--jobs"),
+])
+def test_an_absurd_sweep_value_is_refused_before_any_configuration(args: list[str], named: str, tmp_path: Path,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "sweep.parquet"
+    assert one_line(["sweep", *args, "--out", str(out)], capsys).startswith(f"error: {named} must be ")
+    assert not out.exists()
+
+
 def test_a_huge_value_is_quoted_in_at_most_80_characters(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     err = one_line(["--input-len", "7" * 10_000, "--out", str(tmp_path / "run")], capsys)
     assert err.endswith("...'") or err.endswith("..."), err

@@ -10,7 +10,7 @@ from typing import Any, TypeVar
 import click
 
 from simulator.config import DEFAULTS as FIELD_DEFAULTS
-from simulator.config import RANGES, RunConfig, flag
+from simulator.config import RANGES, Range, RunConfig, flag
 from simulator.deploy.model import KV_CACHE_DTYPES, QUANTIZATIONS
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -20,15 +20,16 @@ RESULTS_DIR = Path("results")
 
 
 class SettingType(click.ParamType):
-    """A number-valued setting read from its flag: typed and range-checked by its `RANGES` entry, so
-    a bad value gets the same line here as in a sweep file or a `RunConfig`."""
+    """A number-valued setting read from its flag: typed and range-checked by its `RANGES` entry (or
+    the range given), so a bad value gets the same line here as in a sweep file or a `RunConfig`."""
 
-    def __init__(self, setting: str) -> None:
+    def __init__(self, setting: str, bounds: Range | None = None) -> None:
         self.setting = setting
-        self.name = "integer" if RANGES[setting].kind is int else "float"  # as click names its own
+        self.bounds = bounds or RANGES[setting]
+        self.name = "integer" if self.bounds.kind is int else "float"  # as click names its own
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int | float:
-        return RANGES[self.setting].parse(self.setting, value)
+        return self.bounds.parse(self.setting, value)
 
 
 def setting(name: str, *aliases: str, help: str, **kwargs: Any) -> Callable[[F], F]:
