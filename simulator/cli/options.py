@@ -10,8 +10,9 @@ from typing import Any, TypeVar
 import click
 
 from simulator.config import DEFAULTS as FIELD_DEFAULTS
-from simulator.config import RANGES, Range, RunConfig, flag
+from simulator.config import RANGES, Range, RunConfig, flag, quote
 from simulator.deploy.model import KV_CACHE_DTYPES, QUANTIZATIONS
+from simulator.errors import InputError
 
 F = TypeVar("F", bound=Callable[..., Any])
 DEFAULTS = RunConfig()
@@ -32,6 +33,19 @@ class SettingType(click.ParamType):
         return self.bounds.parse(self.setting, value)
 
 
+class Choice(click.Choice):
+    """click's choice, refused as `RunConfig` refuses a name: one line quoting at most 80 characters
+    of the value (click's own quotes all of it)."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        try:
+            return super().convert(value, param, ctx)
+        except click.BadParameter:
+            name = param.opts[0] if param is not None else "value"
+            raise InputError(f"unknown {name} {quote(value)} (choose from {', '.join(map(str, self.choices))})"
+                             ) from None
+
+
 def setting(name: str, *aliases: str, help: str, **kwargs: Any) -> Callable[[F], F]:
     """The option of RunConfig field `name` (any vLLM names as aliases), its default taken from RunConfig
     and, for a number, its type from `RANGES`."""
@@ -47,9 +61,9 @@ def deployment_options(command: F) -> F:
     for option in reversed((
         setting("tensor_parallel_size", help="GPUs the model is split across (tensor parallelism); times and memory "
                                              "per GPU."),
-        click.option("--quantization", type=click.Choice(QUANTIZATIONS), default=DEFAULTS.quantization,
+        click.option("--quantization", type=Choice(QUANTIZATIONS), default=DEFAULTS.quantization,
                      help="fp8: the linear layers' weights in fp8 [default: the checkpoint's]."),
-        click.option("--kv-cache-dtype", type=click.Choice(KV_CACHE_DTYPES), default=DEFAULTS.kv_cache_dtype,
+        click.option("--kv-cache-dtype", type=Choice(KV_CACHE_DTYPES), default=DEFAULTS.kv_cache_dtype,
                      show_default=True, help="KV cache element type (auto: the model's dtype)."),
     )):
         command = option(command)
