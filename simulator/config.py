@@ -267,7 +267,7 @@ class RunConfig:
 
     def _check_workload_source(self) -> None:
         """Refuse what would be recorded as applied without having been: a synthetic workload's
-        settings beside a trace, or a trace's speed without one."""
+        settings beside a trace, a seed nothing draws from beside one, or a trace's speed without one."""
         if self.trace is None:
             if self.trace_speed != DEFAULTS["trace_speed"]:
                 raise InputError(f"--trace-speed {self.trace_speed:g} applies only to a --trace replay")

@@ -88,10 +88,28 @@ def test_an_absurd_number_is_refused_naming_the_flag_as_typed(args: list[str], n
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.parametrize(("args", "named"), [
+    (["--num-requests", "20,1e308"], "--num-requests"), (["--duration", "1e308", "--rate", "1"], "--duration"),
+    (["--input-len", f"300,{2**63}"], "--input-len"), (["--jobs", "100000000"], "--jobs"), (["--jobs", "0"], "--jobs"),
+])
+def test_an_absurd_sweep_value_is_refused_before_any_configuration(args: list[str], named: str, tmp_path: Path,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "sweep.parquet"
+    assert one_line(["sweep", *args, "--out", str(out)], capsys).startswith(f"error: {named} must be ")
+    assert not out.exists()
+
+
 def test_a_huge_value_is_quoted_in_at_most_80_characters(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     err = one_line(["--input-len", "7" * 10_000, "--out", str(tmp_path / "run")], capsys)
     assert err.endswith("...'") or err.endswith("..."), err
     assert len(err.partition("got ")[2]) <= 80
+
+
+@pytest.mark.parametrize("flag", ["--policy", "--cost", "--router", "--quantization", "--kv-cache-dtype"])
+def test_an_unknown_name_is_quoted_in_at_most_80_characters(flag: str, tmp_path: Path,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    err = one_line([flag, "x" * 5000, "--out", str(tmp_path / "run")], capsys)
+    assert err.startswith(f"error: unknown {flag} 'xxx") and "(choose from " in err and len(err) < 200
 
 
 def test_a_sweep_file_value_gets_the_line_the_flag_gets(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -10,8 +10,9 @@ from typing import Any, TypeVar
 import click
 
 from simulator.config import DEFAULTS as FIELD_DEFAULTS
-from simulator.config import RANGES, RunConfig, flag
+from simulator.config import RANGES, Range, RunConfig, flag, quote
 from simulator.deploy.model import KV_CACHE_DTYPES, QUANTIZATIONS
+from simulator.errors import InputError
 
 F = TypeVar("F", bound=Callable[..., Any])
 DEFAULTS = RunConfig()
@@ -20,15 +21,29 @@ RESULTS_DIR = Path("results")
 
 
 class SettingType(click.ParamType):
-    """A number-valued setting read from its flag: typed and range-checked by its `RANGES` entry, so
-    a bad value gets the same line here as in a sweep file or a `RunConfig`."""
+    """A number-valued setting read from its flag: typed and range-checked by its `RANGES` entry (or
+    the range given), so a bad value gets the same line here as in a sweep file or a `RunConfig`."""
 
-    def __init__(self, setting: str) -> None:
+    def __init__(self, setting: str, bounds: Range | None = None) -> None:
         self.setting = setting
-        self.name = "integer" if RANGES[setting].kind is int else "float"  # as click names its own
+        self.bounds = bounds or RANGES[setting]
+        self.name = "integer" if self.bounds.kind is int else "float"  # as click names its own
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int | float:
-        return RANGES[self.setting].parse(self.setting, value)
+        return self.bounds.parse(self.setting, value)
+
+
+class Choice(click.Choice):
+    """click's choice, refused as `RunConfig` refuses a name: one line quoting at most 80 characters
+    of the value (click's own quotes all of it)."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        try:
+            return super().convert(value, param, ctx)
+        except click.BadParameter:
+            name = param.opts[0] if param is not None else "value"
+            raise InputError(f"unknown {name} {quote(value)} (choose from {', '.join(map(str, self.choices))})"
+                             ) from None
 
 
 def setting(name: str, *aliases: str, help: str, **kwargs: Any) -> Callable[[F], F]:
@@ -46,9 +61,9 @@ def deployment_options(command: F) -> F:
     for option in reversed((
         setting("tensor_parallel_size", help="GPUs the model is split across (tensor parallelism); times and memory "
                                              "per GPU."),
-        click.option("--quantization", type=click.Choice(QUANTIZATIONS), default=DEFAULTS.quantization,
+        click.option("--quantization", type=Choice(QUANTIZATIONS), default=DEFAULTS.quantization,
                      help="fp8: the linear layers' weights in fp8 [default: the checkpoint's]."),
-        click.option("--kv-cache-dtype", type=click.Choice(KV_CACHE_DTYPES), default=DEFAULTS.kv_cache_dtype,
+        click.option("--kv-cache-dtype", type=Choice(KV_CACHE_DTYPES), default=DEFAULTS.kv_cache_dtype,
                      show_default=True, help="KV cache element type (auto: the model's dtype)."),
     )):
         command = option(command)

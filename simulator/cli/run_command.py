@@ -14,7 +14,7 @@ import click
 from click.core import ParameterSource
 
 from policies import ENABLE_CHUNKED_PREFILL, POLICIES, readers
-from simulator.cli.options import RESULTS_DIR, deployment_options, setting
+from simulator.cli.options import RESULTS_DIR, Choice, deployment_options, setting
 from simulator.config import DEFAULTS, GOODPUT_METRICS, RunConfig, flag, parse_goodput, parse_percentiles, quote
 from simulator.cost import COST_MODELS
 from simulator.deploy.hardware import available_gpus
@@ -85,10 +85,10 @@ def read_by(setting: str) -> str:
 
 
 @click.command("run")
-@setting("policy", type=click.Choice(list(POLICIES)), help="Scheduling policy.")
+@setting("policy", type=Choice(list(POLICIES)), help="Scheduling policy.")
 @setting("model", help=f"Built-in model ({', '.join(BUILTIN_MODELS)}) or a local Hugging Face config.json.")
 @setting("gpu", help=f"Shipped GPU profile ({', '.join(available_gpus())}) or a profile folder.")
-@setting("cost", type=click.Choice(COST_MODELS),
+@setting("cost", type=Choice(COST_MODELS),
          help="Step times from the roofline over the profile's fitted rates, or from its measured kernels.")
 @deployment_options
 @setting("rate", "--request-rate",
@@ -142,7 +142,7 @@ def read_by(setting: str) -> str:
 @setting("num_gpu_blocks_override", help="Exactly this many KV blocks [default: sized from memory].")
 @setting("num_replicas", help="Identical servers, each its own GPUs, KV cache and scheduler, behind "
                               "--router.")
-@setting("router", type=click.Choice(ROUTERS), help="Which server takes each arrival, from the servers' state "
+@setting("router", type=Choice(ROUTERS), help="Which server takes each arrival, from the servers' state "
                                                     "then: in turn, at random, fewest requests, least KV in use, "
                                                     "longest cached prefix.")
 @setting("prefill_replicas", help="Disaggregated serving: servers that only prefill (and emit the first "

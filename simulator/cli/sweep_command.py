@@ -10,8 +10,8 @@ from typing import Any
 
 import click
 
-from simulator.cli.options import aligned
-from simulator.config import parse_percentiles
+from simulator.cli.options import Choice, SettingType, aligned
+from simulator.config import Range, parse_percentiles
 from simulator.sweep.executors import setting_column
 from simulator.sweep.grid import AXIS_NAMES, SETTING_TYPES, SweepSpec, flag, parse_value, read_spec_file, run_sweep
 
@@ -25,6 +25,8 @@ def setting_options(command: Callable[..., Any]) -> Callable[..., Any]:
     return command
 
 
+MAX_JOBS = 1024
+"""Most worker processes: a machine's cores, at the most."""
 SHOWN_ROWS = 30
 """Configurations the table printed after a sweep shows; the rest are in --out."""
 
@@ -71,8 +73,9 @@ def kept_up(kept: bool | None, load: str) -> str:
               help="Parquet file, one row per configuration; an existing sweep file is extended.")
 @click.option("--file", "spec_file", type=click.Path(path_type=Path), default=None,
               help="YAML or TOML file with 'axes' (setting: [values]) and 'fixed' (setting: value).")
-@click.option("--jobs", type=int, default=None, help="Configurations run at once [default: all cores].")
-@click.option("--executor", type=click.Choice(["local", "ray"]), default="local", show_default=True)
+@click.option("--jobs", type=SettingType("jobs", Range(int, 1, MAX_JOBS, "workers")), default=None,
+              help="Configurations run at once [default: all cores].")
+@click.option("--executor", type=Choice(["local", "ray"]), default="local", show_default=True)
 @click.option("--address", default=None, help="Ray cluster to run on [default: start a local Ray instance].")
 @click.option("--tables", "tables_dir", type=click.Path(path_type=Path), default=None,
               help="Also write every configuration's requests, tokens and steps here, Hive-partitioned by "

@@ -99,9 +99,10 @@ def run_local(todo: Todo, jobs: int, tables_dir: str | None) -> Rows:
     if jobs == 1:
         yield from run_inline(todo, tables_dir)
         return
-    # Spawned, not forked: polars' thread pool does not survive a fork.
-    pool = cf.ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn"),
-                                  initializer=exit_with_parent, initargs=(os.getpid(),))
+    # Spawned, not forked: polars' thread pool does not survive a fork. No more workers than work.
+    pool = cf.ProcessPoolExecutor(max_workers=max(1, min(jobs, len(todo))),
+                                  mp_context=multiprocessing.get_context("spawn"), initializer=exit_with_parent,
+                                  initargs=(os.getpid(),))
     try:
         futures = [pool.submit(run_config, config_id, settings, tables_dir) for config_id, settings in todo]
         for future in cf.as_completed(futures):
