@@ -17,7 +17,7 @@ Two things a closed loop of real clients does that `simulate --concurrency` does
   start together with equal lengths stay in lockstep forever (every wave admitted in the same
   steps). A spread splits a wave only where it straddles a step boundary: requests that arrive
   within the step under way are all admitted in the next one, so spreads shorter than a decode
-  step leave the waves whole (the README's sim-to-real section has the measurements).
+  step leave the waves whole (docs/validation/measured-serving.md has the measurements).
 """
 
 from __future__ import annotations
