@@ -110,7 +110,8 @@ def profile_dir(name_or_path: str) -> Path:
     except (OSError, ValueError) as exc:  # a name too long for a path, or holding a NUL
         if isinstance(exc, InputError):
             raise
-        raise InputError(f"unknown GPU {clip(repr(name_or_path))}: {exc}") from None
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)  # no path quoted whole
+        raise InputError(f"unknown GPU {clip(repr(name_or_path))}: {clip(reason)}") from None
     if not found:
         raise InputError(f"unknown GPU {clip(repr(name_or_path))}: not a shipped profile "
                          f"({', '.join(available_gpus())}) and no such profile folder")

@@ -293,6 +293,9 @@ class SweepOutcome:
     rows: list[dict[str, Any]]
     """This sweep's rows, this run's and earlier ones, in product order."""
 
+MAX_JOBS = 4096
+"""The most worker processes a sweep starts: more than any one machine has cores."""
+
 
 def run_sweep(spec: SweepSpec, out: Path, *, jobs: int = 1, executor: str = "local", address: str | None = None,
               tables_dir: Path | None = None, retry_failed: bool = False, progress: bool = False,
@@ -308,8 +311,8 @@ def run_sweep(spec: SweepSpec, out: Path, *, jobs: int = 1, executor: str = "loc
 
     if out.is_dir():
         raise InputError(f"--out {quote(str(out))} is a folder; give a .parquet file")
-    if jobs < 1:
-        raise InputError(f"--jobs must be a positive number of workers, got {jobs}")
+    if not 1 <= jobs <= MAX_JOBS:  # past a C int the worker pool's semaphore overflows
+        raise InputError(f"--jobs must be a number of workers in [1, {MAX_JOBS}], got {quote(jobs)}")
     if address is not None and executor != "ray":
         raise InputError(f"--address {quote(address)} is for --executor ray")
     check_writable(out, "--out")
