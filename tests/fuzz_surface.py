@@ -122,15 +122,16 @@ LONG_NUMBER = re.compile(r"\d{25,}")
 NOT_A_NUMBER = re.compile(r"(?<![\w-])nan(?![\w-])", re.IGNORECASE)
 
 
-def check(outcome: Outcome) -> None:
+def check(outcome: Outcome, echoes: tuple[str, ...] = ()) -> None:
     """Exit 0 with sane output, or a non-zero exit with one line of at most 300 characters starting
-    'error:'; never a traceback or a Python warning."""
+    'error:'; never a traceback or a Python warning. `echoes`: values of the input files that the
+    output may show as they are (a point's name), besides the arguments."""
     where = f"simulate {shown(outcome.args)}: exit {outcome.code}\nstdout: {outcome.out[-800:]}\n" \
             f"stderr: {outcome.err[-800:]}"
     assert "Traceback" not in outcome.err and "Warning:" not in outcome.err, where
     if outcome.code == 0:
         printed = outcome.out + outcome.err
-        for arg in outcome.args:  # a value echoed back (a file named nan) is no computed nan
+        for arg in (*outcome.args, *echoes):  # a value echoed back (a file named nan) is no computed nan
             printed = printed.replace(arg, "") if arg else printed
         assert not NOT_A_NUMBER.search(printed) and not LONG_NUMBER.search(printed), where
     else:

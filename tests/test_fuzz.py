@@ -5,7 +5,9 @@ results, malformed at random. Each call exits 0 with sane output or non-zero wit
 
 from __future__ import annotations
 
+import json
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -24,12 +26,30 @@ HELD = {
 }
 
 
-def fuzz_verb(args: list[str]) -> None:
-    """Run `simulate ARGS` in a fresh folder; check the properties and that nothing is half-written."""
+def fuzz_verb(args: list[str], files: dict[str, str] | None = None) -> None:
+    """Run `simulate ARGS` in a fresh folder holding `files`; check the properties and that nothing
+    is half-written."""
     with tempfile.TemporaryDirectory() as scratch, in_folder(Path(scratch)) as folder:
+        for name, text in (files or {}).items():
+            (folder / name).write_text(text)
         outcome = simulate(args)
         check(outcome)
         assert not leftovers(folder), (args, leftovers(folder))
+
+
+VLLM_RESULT = json.dumps({
+    "model_id": "meta-llama/Llama-3.1-8B-Instruct", "num_prompts": 4, "request_rate": "inf", "burstiness": 1.0,
+    "max_concurrency": 2, "completed": 4, "total_input_tokens": 400, "total_output_tokens": 40,
+    "request_throughput": 4.0, "output_throughput": 40.0, "mean_ttft_ms": 20.0, "mean_tpot_ms": 9.0})
+"""A small `vllm bench serve` result for compare to rerun."""
+
+
+@pytest.fixture(scope="module")
+def run_folder() -> Iterator[Path]:
+    """A tiny run's folder for `simulate report` to read."""
+    with tempfile.TemporaryDirectory() as scratch, in_folder(Path(scratch)) as folder:
+        assert simulate(["run", *TINY, "--out", "run"]).code == 0
+        yield folder / "run"
 
 
 HUGE = Huge("x" * 10**5)
@@ -57,6 +77,18 @@ def test_batch_table_options(drawn: list[str]) -> None:
 @example(drawn=["--policy", HUGE])  # quoted whole
 def test_sweep_options(drawn: list[str]) -> None:
     fuzz_verb(["sweep", "--jobs", "1", "--out", "sweep.parquet", *TINY, *drawn])
+
+
+@fuzz_settings(ci_examples=25)
+@given(drawn=command_lines("compare", HELD["compare"], at_most=3))
+def test_compare_options(drawn: list[str]) -> None:
+    fuzz_verb(["compare", "result.json", *drawn], {"result.json": VLLM_RESULT})
+
+
+@fuzz_settings(ci_examples=15)
+@given(drawn=command_lines("report", HELD["report"], at_most=2))
+def test_report_options(drawn: list[str], run_folder: Path) -> None:
+    fuzz_verb(["report", str(run_folder), *drawn])
 
 
 @pytest.mark.parametrize("jobs", ["0", "-1", str(2**31), str(2**63)])

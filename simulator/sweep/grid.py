@@ -180,6 +180,10 @@ def read_spec_file(path: Path) -> tuple[dict[str, list[Any]], dict[str, str]]:
             data = yaml.safe_load(path.read_text()) or {}
         else:
             raise InputError(f"--file {quote(str(path))} must be .yaml, .yml or .toml")
+    except UnicodeDecodeError:
+        raise InputError(f"--file {quote(str(path))} is not UTF-8 text") from None
+    except RecursionError:
+        raise InputError(f"--file {quote(str(path))} is nested too deeply to read") from None
     except (tomllib.TOMLDecodeError, yaml.YAMLError) as exc:
         raise InputError(f"--file {quote(str(path))} is not valid: {str(exc).splitlines()[0]}") from None
     if not isinstance(data, dict) or set(data) - {"axes", "fixed"}:
