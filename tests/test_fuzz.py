@@ -6,13 +6,17 @@ results, malformed at random. Each call exits 0 with sane output or non-zero wit
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from fuzz_surface import Huge, check, command_lines, fuzz_settings, in_folder, leftovers, simulate
+from fuzz_surface import Huge, Outcome, check, command_lines, fuzz_settings, in_folder, leftovers, simulate
 from hypothesis import example, given
+from hypothesis import strategies as st
 
 TINY = ["--num-requests", "3", "--input-len", "40", "--output-len", "4"]
 """A workload small enough that a run takes a blink: drawn options come after it and override it."""
@@ -53,6 +57,8 @@ def run_folder() -> Iterator[Path]:
 
 
 HUGE = Huge("x" * 10**5)
+PROCESS_ENV = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+"""A subprocess imports the checkout under test, wherever it runs."""
 
 
 @fuzz_settings(ci_examples=60)
@@ -89,6 +95,24 @@ def test_compare_options(drawn: list[str]) -> None:
 @given(drawn=command_lines("report", HELD["report"], at_most=2))
 def test_report_options(drawn: list[str], run_folder: Path) -> None:
     fuzz_verb(["report", str(run_folder), *drawn])
+
+
+HANG = 20
+"""Seconds within which any one fuzzed command ends in its own process."""
+
+
+@fuzz_settings(ci_examples=4)
+@given(verb=st.sampled_from(["run", "batch-table"]), data=st.data())
+def test_no_command_hangs(verb: str, data: st.DataObject) -> None:
+    """A small sample in a process of its own, which a hang (a loop that never ends) cannot take down
+    with the test run: it must end within HANG seconds, with the same properties."""
+    drawn = data.draw(command_lines(verb, HELD[verb]))
+    args = [verb, *(TINY if verb == "run" else []), *drawn]
+    with tempfile.TemporaryDirectory() as scratch:
+        done = subprocess.run([sys.executable, "-W", "error", "-c", "import sys; from simulator.cli.main import run; "
+                               "run(sys.argv[1:])", *args], capture_output=True, text=True, cwd=scratch,
+                              timeout=HANG, env=PROCESS_ENV)
+    check(Outcome(args, done.returncode, done.stdout, done.stderr))
 
 
 @pytest.mark.parametrize("jobs", ["0", "-1", str(2**31), str(2**63)])
