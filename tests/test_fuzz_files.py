@@ -142,7 +142,18 @@ PROFILE = load_profile("h100_sxm_vllm").path
 @fuzz_settings(ci_examples=30)
 @given(name=st.sampled_from(["profile.json", "roofline.json"]), data=st.data())
 def test_malformed_gpu_profiles(name: str, data: st.DataObject) -> None:
-    text = data.draw(mutated_json(json.loads((PROFILE / name).read_text())))
+    gpu_profile(name, data.draw(mutated_json(json.loads((PROFILE / name).read_text()))))
+
+
+@pytest.mark.parametrize("model", [True, {"name": "tiny", "x" * 300: 1}])
+def test_a_profile_model_of_the_wrong_shape_is_one_short_line(model: object) -> None:
+    """The message listed every field a model has: past 300 characters."""
+    gpu_profile("profile.json", json.dumps(json.loads((PROFILE / "profile.json").read_text()) | {"model": model}
+                                           ).encode())
+
+
+def gpu_profile(name: str, text: bytes) -> None:
+    """A copy of the shipped profile with file `name` holding `text`, priced by batch-table."""
     with tempfile.TemporaryDirectory() as scratch, in_folder(Path(scratch)) as folder:
         shutil.copytree(PROFILE, folder / "gpu")
         (folder / "gpu" / name).write_bytes(text)

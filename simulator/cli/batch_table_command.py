@@ -110,8 +110,6 @@ def batch_table_command(context: int, batches: str, model: str, gpu: str, cost: 
     from simulator.run.estimate import check_batch_table
     from simulator.run.sizing import gpu_shard, kv_cache_blocks
 
-    if context < 1:
-        raise InputError(f"--context must be a positive number of tokens, got {context}")
     sizes = parse_int_list(batches, "--batch")
     check_batch_table(context, sizes)
     for path, flag_name in ((out, "--out"), (Path(plot) if plot else None, "--plot")):

@@ -260,9 +260,11 @@ def _check_meta(meta: dict[str, Any], path: Path) -> None:
     model = meta.get("model")
     if model is not None:
         known = {f.name for f in fields(ModelSpec)}
-        if not isinstance(model, dict) or not set(model) <= known:
-            raise InputError(f"{where}: model must be an object of {', '.join(sorted(known))}, "
-                             f"got {clip(json.dumps(model))}")
+        if not isinstance(model, dict):
+            raise InputError(f"{where}: model must be an object of ModelSpec's fields, got {clip(json.dumps(model))}")
+        if not set(model) <= known:  # the unknown fields named, not the 17 known: the line stays short
+            raise InputError(f"{where}: model must be an object of ModelSpec's fields, not "
+                             f"{clip(', '.join(map(repr, sorted(set(model) - known))))}")
         try:
             ModelSpec(**model)
         except (TypeError, InputError) as exc:  # TypeError: a field it must have is missing
