@@ -16,7 +16,7 @@ from typing import Protocol
 from policies import chunked, continuous, priority, shortest_prompt_first, static
 from policies.settings import RunSettings
 from simulator.engine.step import Policy
-from simulator.errors import InputError
+from simulator.errors import InputError, clip
 
 
 class PolicyModule(Protocol):
@@ -41,7 +41,7 @@ ENABLE_CHUNKED_PREFILL = "chunked"
 def build_policy(settings: RunSettings) -> Policy:
     """The policy `settings` name, built from them; refuses an unknown name and settings it cannot run with."""
     if settings.policy not in POLICIES:
-        raise InputError(f"unknown policy {settings.policy!r} (choose from {', '.join(POLICIES)})")
+        raise InputError(f"unknown policy {clip(repr(settings.policy))} (choose from {', '.join(POLICIES)})")
     module = POLICIES[settings.policy]
     if "max_num_batched_tokens" in module.SETTINGS and settings.max_num_batched_tokens < settings.max_num_seqs:
         # vLLM refuses this too: a decode step of every running sequence would break the budget.

@@ -15,7 +15,7 @@ from simulator.config import RunConfig
 from simulator.cost import COST_MODELS
 from simulator.deploy.hardware import available_gpus
 from simulator.deploy.model import BUILTIN_MODELS
-from simulator.errors import InputError
+from simulator.errors import InputError, clip
 
 if TYPE_CHECKING:
     from simulator.cost.batch_table import BatchTable
@@ -27,9 +27,9 @@ def parse_int_list(text: str, option: str) -> list[int]:
     try:
         values = [int(v) for v in text.split(",") if v.strip()]
     except ValueError:
-        raise InputError(f"{option} takes integers separated by commas, got {text!r}") from None
+        raise InputError(f"{option} takes integers separated by commas, got {clip(repr(text))}") from None
     if not values or min(values) < 1:
-        raise InputError(f"{option} takes positive integers, got {text!r}")
+        raise InputError(f"{option} takes positive integers, got {clip(repr(text))}")
     return values
 
 
@@ -107,11 +107,11 @@ def batch_table_command(context: int, batches: str, model: str, gpu: str, cost: 
     from simulator.deploy.hardware import load_gpu
     from simulator.deploy.model import load_model
     from simulator.outputs.run_folder import check_output_file, write_parquet
+    from simulator.run.estimate import check_batch_table
     from simulator.run.sizing import gpu_shard, kv_cache_blocks
 
-    if context < 1:
-        raise InputError(f"--context must be a positive number of tokens, got {context}")
     sizes = parse_int_list(batches, "--batch")
+    check_batch_table(context, sizes)
     for path, flag_name in ((out, "--out"), (Path(plot) if plot else None, "--plot")):
         if path is not None:
             check_output_file(path, flag_name)

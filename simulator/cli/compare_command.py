@@ -5,6 +5,7 @@ Imported only when the verb runs or shows its help (simulator.cli.main loads ver
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import click
@@ -27,6 +28,11 @@ def profile_for(gpus: tuple[str, ...]) -> dict[str, str]:
     return mapped
 
 
+def percent(error: float) -> str:
+    """A relative error as a signed percentage; n/a where the measured value is 0 (no error relative to it)."""
+    return "n/a" if math.isnan(error) else f"{error:+.1%}"
+
+
 def print_rows(rows: pl.DataFrame) -> None:
     compact = set(rows["statistic"].unique().to_list()) <= {"ttft_mean", "tpot_mean"}
     if compact:
@@ -37,7 +43,7 @@ def print_rows(rows: pl.DataFrame) -> None:
         first = point.row(0, named=True)
         if compact:
             cells = "".join(f"{stats[s]['measured'] * 1e3:>9.1f}{stats[s]['simulated'] * 1e3:>9.1f}"
-                            f"{stats[s]['error']:>+8.1%}" if s in stats else f"{'-':>26}"
+                            f"{percent(stats[s]['error']):>8}" if s in stats else f"{'-':>26}"
                             for s in ("ttft_mean", "tpot_mean"))
             click.echo(f"{str(name)[-43:]:<44}{first['tensor_parallel_size']:>3}{first['concurrency'] or '-':>5}"
                        f"{first['input_len']:>6.0f}{first['output_len']:>6.0f}{cells}")
@@ -47,7 +53,7 @@ def print_rows(rows: pl.DataFrame) -> None:
         for statistic, r in stats.items():
             scale, unit = (1.0, "/s") if "throughput" in statistic else (1e3, " ms")
             click.echo(f"  {statistic + unit:<22}{r['measured'] * scale:>12.2f}{r['simulated'] * scale:>12.2f}"
-                       f"{r['error']:>+9.1%}")
+                       f"{percent(r['error']):>9}")
 
 
 @click.command("compare")

@@ -122,6 +122,11 @@ def as_typed(message: str, args: list[str]) -> str:
     return message
 
 
+def clipped_quotes(message: str) -> str:
+    """A click message with each quoted value cut as ours are: click quotes a bad choice whole."""
+    return re.sub(r"'[^'\n]*'", lambda quoted: clip(quoted.group()), message)
+
+
 def os_error_line(exc: OSError) -> str:
     """A file-system fault as one line: what failed, on which file (at most ~80 characters of its name)."""
     files = [clip(repr(str(name))) for name in (exc.filename, exc.filename2) if name is not None]
@@ -160,7 +165,7 @@ def run(argv: list[str] | None = None, exit: Callable[[int], Any] = sys.exit) ->
         click.echo("aborted", err=True)
         exit(1)
     except click.ClickException as exc:
-        click.echo(f"error: {exc.format_message()}", err=True)
+        click.echo(f"error: {clipped_quotes(exc.format_message())}", err=True)
         exit(exc.exit_code)
     else:
         exit(0)

@@ -110,7 +110,8 @@ def profile_dir(name_or_path: str) -> Path:
     except (OSError, ValueError) as exc:  # a name too long for a path, or holding a NUL
         if isinstance(exc, InputError):
             raise
-        raise InputError(f"unknown GPU {clip(repr(name_or_path))}: {exc}") from None
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)  # no path quoted whole
+        raise InputError(f"unknown GPU {clip(repr(name_or_path))}: {clip(reason)}") from None
     if not found:
         raise InputError(f"unknown GPU {clip(repr(name_or_path))}: not a shipped profile "
                          f"({', '.join(available_gpus())}) and no such profile folder")
@@ -259,9 +260,11 @@ def _check_meta(meta: dict[str, Any], path: Path) -> None:
     model = meta.get("model")
     if model is not None:
         known = {f.name for f in fields(ModelSpec)}
-        if not isinstance(model, dict) or not set(model) <= known:
-            raise InputError(f"{where}: model must be an object of {', '.join(sorted(known))}, "
-                             f"got {clip(json.dumps(model))}")
+        if not isinstance(model, dict):
+            raise InputError(f"{where}: model must be an object of ModelSpec's fields, got {clip(json.dumps(model))}")
+        if not set(model) <= known:  # the unknown fields named, not the 17 known: the line stays short
+            raise InputError(f"{where}: model must be an object of ModelSpec's fields, not "
+                             f"{clip(', '.join(map(repr, sorted(set(model) - known))))}")
         try:
             ModelSpec(**model)
         except (TypeError, InputError) as exc:  # TypeError: a field it must have is missing

@@ -10,6 +10,7 @@ statistics in seconds (`ttft_mean`, `tpot_median`, ..., throughputs in requests 
 from __future__ import annotations
 
 import csv
+import difflib
 import io
 import json
 import math
@@ -76,8 +77,13 @@ MAX_CONCURRENCY = 100_000
 MAX_TENSOR_PARALLEL = 1024
 MAX_MS = 86_400_000.0
 """The longest measured latency taken as a measurement (a day), in ms."""
+MIN_MS = 1e-3
+"""The shortest non-zero latency taken as measured (a microsecond), in ms: an error relative to less
+is a number of hundreds of digits."""
 MAX_RATE = 1e6
 """The highest request rate taken as measured, per second."""
+MIN_RATE = 1e-6
+"""The lowest throughput taken as measured, per second."""
 BURSTINESS = (1e-3, 1e3)
 
 
@@ -85,8 +91,10 @@ def map_model(model_path: str, where: str) -> tuple[str, str | None]:
     try:
         return HF_MODELS[model_path.lower()]
     except KeyError:
+        close = difflib.get_close_matches(model_path.lower(), HF_MODELS, n=1)
+        known = f"did you mean {close[0]!r}?" if close else f"known: {clip(', '.join(sorted(HF_MODELS)))}"
         raise InputError(f"{where}: model {clip(repr(model_path))} cannot be mapped to a servesim model "
-                         f"(known: {', '.join(sorted(HF_MODELS))})") from None
+                         f"({known})") from None
 
 
 def map_gpu(system: str, where: str) -> str:
@@ -104,16 +112,17 @@ def positive_int(value: Any, name: str, where: str, most: int) -> int:
     return number
 
 
-def positive_float(value: Any, name: str, where: str, most: float) -> float:
-    """A number in (0, most]: a JSON number, or a CSV cell that reads as one."""
+def positive_float(value: Any, name: str, where: str, most: float, least: float = 0.0) -> float:
+    """A number in [least, most] ((0, most] where `least` is 0): a JSON number, or a CSV cell that reads as one."""
     number = value
     if isinstance(value, str):
         try:
             number = float(value)
         except ValueError:
             raise InputError(f"{where}: {name} must be a number, got {clip(repr(value))}") from None
-    if isinstance(number, bool) or not isinstance(number, (int, float)) or not 0 < number <= most:
-        raise InputError(f"{where}: {name} must be a number in (0, {most:g}], got {clip(repr(value))}")
+    if isinstance(number, bool) or not isinstance(number, (int, float)) or not 0 < number <= most or number < least:
+        bounds = f"[{least:g}, {most:g}]" if least else f"(0, {most:g}]"
+        raise InputError(f"{where}: {name} must be a number in {bounds}, got {clip(repr(value))}")
     return float(number)
 
 
@@ -195,8 +204,8 @@ def _silicon_point(row: dict[str, str], where: str) -> MeasuredPoint:
         quantization=quantization, num_requests=10 * concurrency, warmup=concurrency, concurrency=concurrency,
         rate=None, burstiness=1.0, input_lens=(positive_int(row["isl"], "isl", where, MAX_TOKENS),),
         output_lens=(positive_int(row["osl"], "osl", where, MAX_TOKENS),),
-        measured={"ttft_mean": positive_float(row["silicon_ttft_ms"], "silicon_ttft_ms", where, MAX_MS) / 1e3,
-                  "tpot_mean": positive_float(row["silicon_tpot_ms"], "silicon_tpot_ms", where, MAX_MS) / 1e3})
+        measured={"ttft_mean": positive_float(row["silicon_ttft_ms"], "silicon_ttft_ms", where, MAX_MS, MIN_MS) / 1e3,
+                  "tpot_mean": positive_float(row["silicon_tpot_ms"], "silicon_tpot_ms", where, MAX_MS, MIN_MS) / 1e3})
 
 
 def read_vllm_result(path: Path, model: str | None = None) -> MeasuredPoint:
@@ -217,7 +226,8 @@ def read_vllm_result(path: Path, model: str | None = None) -> MeasuredPoint:
         raise InputError(f"{where}: model_id must be a string, got {clip(repr(model_id))}")
     model_name, quantization = (model, None) if model is not None else map_model(model_id, where)
     rate_text = data["request_rate"]
-    rate = math.inf if rate_text in ("inf", math.inf) else positive_float(rate_text, "request_rate", where, MAX_RATE)
+    rate = (math.inf if rate_text in ("inf", math.inf)
+            else positive_float(rate_text, "request_rate", where, MAX_RATE, MIN_RATE))
     concurrency = data["max_concurrency"]
     if concurrency is not None:
         concurrency = positive_int(concurrency, "max_concurrency", where, MAX_CONCURRENCY)
@@ -232,9 +242,9 @@ def read_vllm_result(path: Path, model: str | None = None) -> MeasuredPoint:
     measured = {f"{metric}_{stat}": _ms(data, f"{stat}_{metric}_ms", where)
                 for metric in METRICS for stat in STATS if f"{stat}_{metric}_ms" in data}
     measured["request_throughput"] = positive_float(data["request_throughput"], "request_throughput", where,
-                                                    MAX_RATE)
+                                                    MAX_RATE, MIN_RATE)
     measured["output_throughput"] = positive_float(data["output_throughput"], "output_throughput", where,
-                                                   MAX_RATE * MAX_TOKENS)
+                                                   MAX_RATE * MAX_TOKENS, MIN_RATE)
     burstiness = data["burstiness"]
     if isinstance(burstiness, bool) or not isinstance(burstiness, (int, float)) or not (
             BURSTINESS[0] <= burstiness <= BURSTINESS[1]):
@@ -248,8 +258,9 @@ def read_vllm_result(path: Path, model: str | None = None) -> MeasuredPoint:
 
 def _ms(data: dict[str, Any], key: str, where: str) -> float:
     value = data[key]
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (0 <= value <= MAX_MS):
-        raise InputError(f"{where}: {key} must be a number of ms in [0, {MAX_MS:g}], got {clip(repr(value))}")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (value == 0 or MIN_MS <= value <= MAX_MS):
+        raise InputError(f"{where}: {key} must be 0 or a number of ms in [{MIN_MS:g}, {MAX_MS:g}], "
+                         f"got {clip(repr(value))}")
     return float(value) / 1e3
 
 

@@ -180,6 +180,10 @@ def read_spec_file(path: Path) -> tuple[dict[str, list[Any]], dict[str, str]]:
             data = yaml.safe_load(path.read_text()) or {}
         else:
             raise InputError(f"--file {quote(str(path))} must be .yaml, .yml or .toml")
+    except UnicodeDecodeError:
+        raise InputError(f"--file {quote(str(path))} is not UTF-8 text") from None
+    except RecursionError:
+        raise InputError(f"--file {quote(str(path))} is nested too deeply to read") from None
     except (tomllib.TOMLDecodeError, yaml.YAMLError) as exc:
         raise InputError(f"--file {quote(str(path))} is not valid: {str(exc).splitlines()[0]}") from None
     if not isinstance(data, dict) or set(data) - {"axes", "fixed"}:
@@ -293,6 +297,9 @@ class SweepOutcome:
     rows: list[dict[str, Any]]
     """This sweep's rows, this run's and earlier ones, in product order."""
 
+MAX_JOBS = 4096
+"""The most worker processes a sweep starts: more than any one machine has cores."""
+
 
 def run_sweep(spec: SweepSpec, out: Path, *, jobs: int = 1, executor: str = "local", address: str | None = None,
               tables_dir: Path | None = None, retry_failed: bool = False, progress: bool = False,
@@ -308,8 +315,8 @@ def run_sweep(spec: SweepSpec, out: Path, *, jobs: int = 1, executor: str = "loc
 
     if out.is_dir():
         raise InputError(f"--out {quote(str(out))} is a folder; give a .parquet file")
-    if jobs < 1:
-        raise InputError(f"--jobs must be a positive number of workers, got {jobs}")
+    if not 1 <= jobs <= MAX_JOBS:  # past a C int the worker pool's semaphore overflows
+        raise InputError(f"--jobs must be a number of workers in [1, {MAX_JOBS}], got {quote(jobs)}")
     if address is not None and executor != "ray":
         raise InputError(f"--address {quote(address)} is for --executor ray")
     check_writable(out, "--out")

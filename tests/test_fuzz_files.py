@@ -1,0 +1,255 @@
+"""The files servesim reads, fuzzed through the command line (hypothesis): traces (CSV, JSONL,
+Parquet, Mooncake, Azure), model config.json files, GPU profile folders (profile.json, roofline.json,
+Parquet tables), measured results (silicon CSV, vLLM JSON) and sweep files, each malformed at random.
+Each call holds fuzz_surface.check; a refusal names the file, and where it blames a line or row of a
+trace with one bad cell, it is the changed one (the readers' own property, test_trace_lines.py, here
+through the command line and over more layouts)."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+import pytest
+from fuzz_surface import Huge, Outcome, check, fuzz_settings, in_folder, leftovers, simulate
+from hypothesis import example, given
+from hypothesis import strategies as st
+from test_readers import LLAMA_FILE, SILICON_ROW, needs_models
+from test_trace_lines import BAD_CELLS
+
+from simulator.deploy.hardware import load_profile
+
+JSON_EDGES: list[Any] = [None, True, False, 0, -1, 2**63, 2**64, -(2**63), 1e308, -1e308, 1e-300, math.nan,
+                         math.inf, -math.inf, "", " ", Huge("x" * 10**5), "\u202e\u05e9", "a\u0301", [], {}, [1, "a"],
+                         {"a": [None]}, "1e3", "٣"]
+"""JSON values no field should take on faith (nan and inf as Python's json writes them: NaN, Infinity)."""
+ODD_NAMES = [value for value in JSON_EDGES if isinstance(value, str)]
+"""Column and field names no reader knows."""
+GARBAGE = st.one_of(st.just(b""), st.just(b"\xff\xfe\x00garbage\x80"), st.binary(max_size=300),
+                    st.just(b"\n\n\n"), st.just(("[" * 10**5).encode()))
+"""Whole files that are no file of any kind: empty, binary, deeply nested."""
+
+
+def outcome_in(folder: Path, args: list[str], echoes: tuple[str, ...] = ()) -> Outcome:
+    outcome = simulate(args)
+    check(outcome, echoes)
+    assert not leftovers(folder), leftovers(folder)
+    return outcome
+
+
+@st.composite
+def mutated_json(draw: st.DrawFn, record: dict[str, Any]) -> bytes:
+    """`record` with a few fields changed to edge values, dropped or added, or a file of garbage."""
+    if draw(st.integers(0, 9)) == 0:
+        return draw(GARBAGE)
+    changed = dict(record)
+    for _ in range(draw(st.integers(1, 3))):
+        key = draw(st.sampled_from(sorted(changed)) | st.sampled_from(ODD_NAMES))
+        if draw(st.booleans()) and key in changed:
+            del changed[key]
+        else:
+            changed[key] = draw(st.sampled_from(JSON_EDGES))
+        if not changed:
+            break
+    text = json.dumps(changed)
+    return text[: draw(st.integers(0, len(text)))].encode() if draw(st.integers(0, 9)) == 0 else text.encode()
+
+
+def rows_as(layout: str, table: dict[str, list[Any]], path: Path) -> None:
+    """Write `table` as a trace file of `layout` (its values as given, however wrong)."""
+    rows = range(len(next(iter(table.values()))))
+    if layout in ("csv", "azure"):
+        path.write_text(",".join(table) + "\n" + "".join(",".join(str(table[c][i]) for c in table) + "\n"
+                                                        for i in rows))
+    elif layout == "parquet":
+        pl.DataFrame(table, strict=False).write_parquet(path)
+    else:
+        path.write_text("".join(json.dumps({c: table[c][i] for c in table}) + "\n" for i in rows))
+
+
+LAYOUTS = {
+    # layout: the file's suffix, its arrival, prompt and output columns, and extra columns of its own
+    "csv": (".csv", ("arrival", "prompt_tokens", "output_tokens"), {}),
+    "jsonl": (".jsonl", ("arrival", "prompt_tokens", "output_tokens"), {}),
+    "parquet": (".parquet", ("arrival", "prompt_tokens", "output_tokens"), {}),
+    "mooncake": (".jsonl", ("timestamp", "input_length", "output_length"), {"hash_ids": [[1, 2]]}),
+    "azure": (".csv", ("TIMESTAMP", "ContextTokens", "GeneratedTokens"), {}),
+}
+
+
+@fuzz_settings(ci_examples=40)
+@given(layout=st.sampled_from(sorted(LAYOUTS)), rows=st.integers(1, 8), data=st.data())
+def test_malformed_traces(layout: str, rows: int, data: st.DataObject) -> None:
+    """A trace with one cell changed, a column dropped, duplicated or renamed, or whole garbage: the
+    run goes or is refused in one line naming the file; a one-cell change is blamed on its line."""
+    suffix, columns, extra = LAYOUTS[layout]
+    arrivals: list[Any] = ([f"2024-01-01 00:00:{i:02d}.5" for i in range(rows)] if layout == "azure"
+                           else [i * (1000 if layout == "mooncake" else 1) for i in range(rows)])
+    table: dict[str, list[Any]] = {columns[0]: arrivals, columns[1]: [30] * rows, columns[2]: [3] * rows}
+    table |= {name: values * rows for name, values in extra.items()}
+    change = data.draw(st.sampled_from(["cell", "drop", "duplicate", "rename", "garbage"]))
+    with tempfile.TemporaryDirectory() as scratch, in_folder(Path(scratch)) as folder:
+        path = folder / f"trace{suffix}"
+        blamed = None
+        if change == "cell":
+            role = data.draw(st.sampled_from(sorted(BAD_CELLS)))
+            column, row = columns[sorted(BAD_CELLS).index(role)], data.draw(st.integers(0, rows - 1))
+            value = data.draw(st.sampled_from(BAD_CELLS[role]))
+            if suffix == ".parquet" and (isinstance(value, str) or (isinstance(value, int) and value > 2**62)):
+                value = None  # a Parquet column has one type: a word among numbers cannot be written
+            table[column][row] = value
+            blamed = f"row {row + 1}" if suffix == ".parquet" else f"line {row + (2 if suffix == '.csv' else 1)}"
+        elif change == "drop":
+            del table[data.draw(st.sampled_from(sorted(table)))]
+        elif change == "rename":
+            table[data.draw(st.sampled_from(ODD_NAMES))] = table.pop(data.draw(st.sampled_from(sorted(table))))
+        if change == "garbage":
+            path.write_bytes(data.draw(GARBAGE))
+        elif change == "duplicate" and suffix == ".csv":  # a JSON record or a Parquet file holds a name once
+            name = data.draw(st.sampled_from(sorted(table)))
+            rows_as(layout, table | {f"{name} ": table[name]}, path)
+            path.write_text(path.read_text().replace(f"{name} ,", f"{name},", 1))
+        elif table:
+            rows_as(layout, table, path)
+        else:
+            path.write_text("")
+        outcome = outcome_in(folder, ["run", "--trace", str(path), "--num-requests", "3", "--quiet"])
+        if outcome.code:
+            assert path.name in outcome.err, outcome
+            if blamed is not None and re.search(r"\b(line|row) \d+", outcome.err):
+                assert re.search(rf"\b{blamed}\b", outcome.err), (table, outcome.err)
+
+
+@needs_models
+@fuzz_settings(ci_examples=30)
+@given(text=st.builds(lambda: json.loads(LLAMA_FILE.read_text())).flatmap(mutated_json))
+def test_malformed_model_configs(text: bytes) -> None:
+    with tempfile.TemporaryDirectory() as scratch, in_folder(Path(scratch)) as folder:
+        (folder / "model.json").write_bytes(text)
+        outcome = outcome_in(folder, ["batch-table", "--model", "model.json", "--batch", "1,4"])
+        assert outcome.code == 0 or "model.json" in outcome.err, outcome
+
+
+PROFILE = load_profile("h100_sxm_vllm").path
+
+
+@fuzz_settings(ci_examples=30)
+@given(name=st.sampled_from(["profile.json", "roofline.json"]), data=st.data())
+def test_malformed_gpu_profiles(name: str, data: st.DataObject) -> None:
+    gpu_profile(name, data.draw(mutated_json(json.loads((PROFILE / name).read_text()))))
+
+
+@pytest.mark.parametrize("model", [True, {"name": "tiny", "x" * 300: 1}])
+def test_a_profile_model_of_the_wrong_shape_is_one_short_line(model: object) -> None:
+    """The message listed every field a model has: past 300 characters."""
+    gpu_profile("profile.json", json.dumps(json.loads((PROFILE / "profile.json").read_text()) | {"model": model}
+                                           ).encode())
+
+
+def gpu_profile(name: str, text: bytes) -> None:
+    """A copy of the shipped profile with file `name` holding `text`, priced by batch-table."""
+    with tempfile.TemporaryDirectory() as scratch, in_folder(Path(scratch)) as folder:
+        shutil.copytree(PROFILE, folder / "gpu")
+        (folder / "gpu" / name).write_bytes(text)
+        outcome = outcome_in(folder, ["batch-table", "--gpu", "gpu", "--cost", "measured", "--batch", "1,4"])
+        assert outcome.code == 0 or name in outcome.err, outcome
+
+
+@fuzz_settings(ci_examples=20)
+@given(table=st.sampled_from(["gemm", "decode_attention", "collectives", "elementwise"]), data=st.data())
+def test_malformed_profile_tables(table: str, data: st.DataObject) -> None:
+    """One cell of a kernel table changed to null or an edge of its type, or the file garbage."""
+    with tempfile.TemporaryDirectory() as scratch, in_folder(Path(scratch)) as folder:
+        shutil.copytree(PROFILE, folder / "gpu")
+        path = folder / "gpu" / f"{table}.parquet"
+        if data.draw(st.integers(0, 5)) == 0:
+            path.write_bytes(data.draw(GARBAGE))
+        else:
+            frame = pl.read_parquet(path)
+            column = data.draw(st.sampled_from(frame.columns))
+            cells = frame[column].to_list()
+            edges = ([None, 0, -1, 2**30, -(2**30)] if frame[column].dtype.is_integer()
+                     else [None, 0.0, -1.0, math.nan, math.inf, 1e308, 1e-300] if frame[column].dtype.is_float()
+                     else [None, "", "\u202e", Huge("x" * 10**5)])
+            cells[data.draw(st.integers(0, len(cells) - 1))] = data.draw(st.sampled_from(edges))
+            frame.with_columns(pl.Series(column, cells, dtype=frame[column].dtype)).write_parquet(path)
+        outcome = outcome_in(folder, ["batch-table", "--gpu", "gpu", "--cost", "measured", "--batch", "1,4"])
+        assert outcome.code == 0 or f"{table}.parquet" in outcome.err, outcome
+
+
+VLLM = {"model_id": "meta-llama/Llama-3.1-8B-Instruct", "num_prompts": 4, "request_rate": "inf", "burstiness": 1.0,
+        "max_concurrency": 2, "completed": 4, "total_input_tokens": 400, "total_output_tokens": 40,
+        "request_throughput": 4.0, "output_throughput": 40.0, "mean_ttft_ms": 20.0, "mean_tpot_ms": 9.0}
+
+
+@fuzz_settings(ci_examples=25)
+@given(text=mutated_json(VLLM))
+@example(text=json.dumps(VLLM | {"mean_tpot_ms": 1e-300}).encode())  # a 300-digit error
+@example(text=json.dumps(VLLM | {"request_throughput": 1e-300}).encode())  # the same
+@example(text=json.dumps(VLLM | {"mean_tpot_ms": 0}).encode())  # printed '+nan%'
+@example(text=json.dumps(VLLM | {"model_id": "no/such-model-" + "x" * 200}).encode())  # a list past 300 characters
+def test_malformed_vllm_results(text: bytes) -> None:
+    with tempfile.TemporaryDirectory() as scratch, in_folder(Path(scratch)) as folder:
+        (folder / "result.json").write_bytes(text)
+        outcome = outcome_in(folder, ["compare", "result.json", "--gpu", "h100_sxm"])
+        assert outcome.code == 0 or "result.json" in outcome.err, outcome
+
+
+@fuzz_settings(ci_examples=25)
+@given(field=st.sampled_from(sorted(SILICON_ROW)), value=st.sampled_from([str(v) for v in JSON_EDGES]),
+       row=st.integers(0, 2))
+def test_malformed_silicon_rows(field: str, value: str, row: int) -> None:
+    """One field of one of three rows changed: refused naming that row's line, or run."""
+    rows = [dict(SILICON_ROW, isl="64", osl="4", concurrency="2", model_path="meta-llama/Llama-3.1-8B",
+                 tp_size="1") for _ in range(3)]
+    rows[row][field] = value
+    with tempfile.TemporaryDirectory() as scratch, in_folder(Path(scratch)) as folder:
+        (folder / "points.csv").write_text("\n".join([",".join(SILICON_ROW), *(",".join(r.values()) for r in rows)]))
+        outcome = outcome_in(folder, ["compare", "points.csv"], echoes=(value,) if field == "id" else ())
+        if outcome.code and re.search(r"points\.csv line \d+", outcome.err):
+            assert f"points.csv line {row + 2}" in outcome.err, outcome
+
+
+@fuzz_settings(ci_examples=25)
+@given(data=st.data(), suffix=st.sampled_from([".yaml", ".toml"]))
+def test_malformed_sweep_files(data: st.DataObject, suffix: str) -> None:
+    """Axes and fixed settings of edge values (YAML, TOML), or a file of garbage."""
+    names = ["rate", "policy", "num_requests", "input_len", "gpu_memory_utilization", "seed", "duration",
+             "percentiles", "unknown-setting", "max_num_seqs", "router"]
+    values = st.sampled_from([v for v in JSON_EDGES if not isinstance(v, float) or math.isfinite(v)])
+    with tempfile.TemporaryDirectory() as scratch, in_folder(Path(scratch)) as folder:
+        path = folder / f"sweep{suffix}"
+        if data.draw(st.integers(0, 5)) == 0:
+            path.write_bytes(data.draw(GARBAGE))
+        else:
+            axis = data.draw(st.sampled_from(names))
+            axis_values = data.draw(st.lists(values, min_size=0, max_size=2))
+            fixed = {"num_requests": 3, "input_len": 40, "output_len": 4}
+            fixed[data.draw(st.sampled_from(names))] = data.draw(values)
+            path.write_text(sweep_text(suffix, {axis: axis_values}, fixed))
+        outcome_in(folder, ["sweep", "--file", str(path), "--jobs", "1", "--out", "s.parquet"])
+
+
+def sweep_text(suffix: str, axes: dict[str, list[Any]], fixed: dict[str, Any]) -> str:
+    if suffix == ".yaml":
+        return json.dumps({"axes": axes, "fixed": fixed})  # JSON is YAML
+    def toml(value: Any) -> str:
+        return json.dumps(value) if not isinstance(value, dict) else "{}"
+    lines = ["[axes]", *(f"{k} = {toml(v)}" for k, v in axes.items()),
+             "[fixed]", *(f"{k} = {toml(v)}" for k, v in fixed.items() if v is not None)]
+    return "\n".join(lines) + "\n"
+
+
+@pytest.mark.parametrize("text", [b"\xff\xfe\x00garbage\x80", ("[" * 10**5).encode()])
+def test_a_sweep_file_not_utf8_or_nested_past_recursion_is_one_line(text: bytes) -> None:
+    """Both were tracebacks (UnicodeDecodeError, RecursionError from the YAML reader)."""
+    with tempfile.TemporaryDirectory() as scratch, in_folder(Path(scratch)) as folder:
+        (folder / "sweep.yaml").write_bytes(text)
+        outcome = outcome_in(folder, ["sweep", "--file", "sweep.yaml", "--jobs", "1", "--out", "s.parquet"])
+        assert outcome.code == 2 and "sweep.yaml" in outcome.err, outcome
