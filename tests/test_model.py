@@ -138,7 +138,7 @@ LLAMA = dict(LLAMA_CONFIG)
     ("_name_or_path", 7, "_name_or_path must be a string, got 7"),
     ("architectures", "LlamaForCausalLM", 'architectures must be a list of names, got "LlamaForCausalLM"'),
     ("quantization_config", "fp8", 'quantization_config must be an object, got "fp8"'),
-    ("quantization_config", {"quant_method": "awq"}, 'quant_method "awq": servesim prices fp8 only'),
+    ("quantization_config", {"quant_method": "awq"}, 'quant_method "awq": servesim prices fp8, mxfp4 and'),
 ])
 def test_every_field_read_is_type_checked(field: str, value: object, message: str, tmp_path: Path,
                                           capsys: pytest.CaptureFixture[str]) -> None:
@@ -166,7 +166,8 @@ def test_moe_fields_are_type_checked(fields: dict[str, object], named: str, tmp_
 
 @pytest.mark.parametrize(("fields", "named"), [
     ({"architectures": ["GPT2LMHeadModel"]}, "architectures GPT2LMHeadModel is not one servesim can price"),
-    ({"architectures": ["DeepseekV3ForCausalLM"], "kv_lora_rank": 512}, "architectures DeepseekV3ForCausalLM"),
+    ({"architectures": ["DeepseekV32ForCausalLM"]}, "architectures DeepseekV32ForCausalLM"),
+    ({"index_topk": 2048, "kv_lora_rank": 512}, "index_topk 2048 means sparse indexer attention"),
     ({"kv_lora_rank": 512}, "kv_lora_rank 512 means multi-head latent attention (MLA)"),
     ({"architectures": ["MistralForCausalLM"], "sliding_window": 4096},
      "sliding_window 4096 means sliding-window attention"),

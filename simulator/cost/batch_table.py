@@ -34,7 +34,7 @@ def batch_table(model: ModelSpec, cost: CostModel, context: int, batches: list[i
     """The table for one GPU: `model` is what that GPU holds (`ModelSpec.shard`), `cost` its cost
     model, `kv_capacity_tokens` the tokens its KV cache holds."""
     weight_bytes = model.weight_bytes_per_step
-    kv_per_seq = context * model.kv_bytes_per_token
+    kv_per_seq = model.kv_bytes_for_context(context)
     records = []
     for batch in batches:
         shape = StepShape.from_rows([(1, context)] * batch)
