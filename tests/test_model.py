@@ -55,6 +55,9 @@ REFERENCE_FILES = {
     "llama-3.1-8b": "meta-llama--Meta-Llama-3.1-8B", "llama-3.1-70b": "meta-llama--Meta-Llama-3.1-70B",
     "llama-3.1-405b": "meta-llama--Meta-Llama-3.1-405B", "qwen3-32b": "Qwen--Qwen3-32B",
     "qwen3-30b-a3b": "Qwen--Qwen3-30B-A3B", "mixtral-8x7b": "mistralai--Mixtral-8x7B-v0.1",
+    "deepseek-v3": "deepseek-ai--DeepSeek-V3", "deepseek-r1": "deepseek-ai--DeepSeek-R1",
+    "kimi-k2.5": "moonshotai--Kimi-K2.5", "gpt-oss-120b": "openai--gpt-oss-120b",
+    "minimax-m2.5": "MiniMaxAI--MiniMax-M2.5",
 }
 
 
