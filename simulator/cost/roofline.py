@@ -114,6 +114,17 @@ class RooflineCost:
             compute = self._flops_per_pair * pairs / gpu.attn_flops
         return gpu.attn_kernel_latency + (compute if compute > memory else memory)  # max(), without the call
 
+    def attention_all_layers(self, shape: StepShape) -> float:
+        """Attention of every layer of a step (MLA prefill's up projection of cached context included)."""
+        layer = self._mla_context_up_projection(shape) if shape.prefill_seqs else 0.0
+        if not self._plain:
+            return self.rank.num_layers * layer + self._attention(shape)
+        if shape.decode_seqs:
+            layer += self.attention_time(shape.decode_context, shape.decode_context)
+        if shape.prefill_seqs:
+            layer += self.attention_time(shape.prefill_context, shape.prefill_pairs, True)
+        return self.rank.num_layers * layer
+
     def _attention(self, shape: StepShape) -> float:
         """Attention of all layers of a step whose layers differ (sliding-window layers: each row's
         context capped at the window, pairs at the window per query; sinks: one more key per query).

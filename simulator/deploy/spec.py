@@ -339,3 +339,24 @@ class ModelSpec:
                        moe_intermediate_size=self.moe_intermediate_size // (tp if ep == 1 else 1),
                        shared_expert_intermediate_size=self.shared_expert_intermediate_size // tp,
                        vocab_size=-(-self.vocab_size // tp), expert_parallel=ep)
+
+    def expert_parallel_size(self, tensor_parallel_size: int, data_parallel_size: int = 1,
+                             enable_expert_parallel: bool = False) -> int:
+        """GPUs the routed experts spread over: all of them (tensor x data parallel) with vLLM's
+        --enable-expert-parallel on a MoE model, else 1 (a dense model ignores the flag, as vLLM does)."""
+        return tensor_parallel_size * data_parallel_size if enable_expert_parallel and self.is_moe else 1
+
+
+def check_data_parallel(data_parallel_size: int, enable_expert_parallel: bool, num_replicas: int) -> None:
+    """vLLM's --data-parallel-size as servesim prices it, for MoE models: data-parallel attention
+    with expert parallelism. Each of the N ranks (--tensor-parallel-size GPUs each) is one of the
+    --num-replicas N servers: its own attention, KV cache and scheduler, behind the router (vLLM's
+    DP load balancer); their MoE layers are one expert-parallel group over all the GPUs, each rank
+    priced as if every rank ran a step of as many tokens as its own (the ranks step in lockstep)."""
+    dp = data_parallel_size
+    if dp > 1 and not enable_expert_parallel:
+        raise InputError(f"--data-parallel-size {dp} prices data-parallel attention with expert parallelism: "
+                         "add --enable-expert-parallel (dense models: --num-replicas)")
+    if dp > 1 and num_replicas != dp:
+        raise InputError(f"--data-parallel-size {dp} runs {dp} ranks, each a server of its own requests: give "
+                         f"--num-replicas {dp} (got {num_replicas})")
