@@ -6,8 +6,10 @@ every step between the active- and total-parameter rooflines where that bound ho
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import numpy as np
+import polars as pl
 import pytest
 
 from simulator.cli.main import run
@@ -66,13 +68,48 @@ def test_expert_parallel_dispatch_bytes_by_hand() -> None:
     assert all_to_all_bytes(load_model("deepseek-v3").shard(8), 4) == 0  # no expert parallelism, no all-to-all
 
 
-def test_measured_cost_prices_what_its_tables_lack_by_roofline() -> None:
+KERNEL_DB = Path(__file__).resolve().parents[2] / "shared" / "reference" / "kernel-db"
+needs_kernel_db = pytest.mark.skipif(not KERNEL_DB.exists(), reason=f"kernel-db missing: {KERNEL_DB}")
+
+
+@needs_kernel_db
+def test_measured_mla_decode_is_the_kernel_dbs() -> None:
+    """Decode attention of 8 sequences of 2048 tokens at 16 heads a GPU: the SGLang MLA kernel's
+    measured time (ms in the kernel-db), in each of 61 layers."""
     config = RunConfig(model="deepseek-v3", gpu="h200_sxm", cost="measured", tensor_parallel_size=8)
     cost = build_cost_model(config, load_model("deepseek-v3"), H200)
-    assert any("MLA: priced by roofline" in note for note in cost.notes)
-    roofline = RooflineCost(load_model("deepseek-v3"), H200, 8)
-    assert cost.breakdown(decode(8, 2000))["decode_attention"] == pytest.approx(
-        roofline.attention_all_layers(decode(8, 2000)))
+    raw = pl.read_parquet(KERNEL_DB / "h200_sxm" / "mla" / "sglang" / "0.5.14" / "generation_mla_perf.parquet")
+    ms = raw.filter((pl.col("num_heads") == 16) & (pl.col("batch_size") == 8) & (pl.col("isl") + pl.col("step") == 2048)
+                    & (pl.col("kv_cache_dtype") == "bfloat16") & (pl.col("mla_dtype") == "bfloat16"))["latency"]
+    assert cost.breakdown(decode(8, 2048))["decode_attention"] == pytest.approx(61 * ms.median() * 1e-3)
+
+
+def test_measured_cost_prices_what_its_tables_lack_by_roofline() -> None:
+    """The shipped H100 profile has no mxfp4 fused-MoE rows nor any sliding-window attention kernels."""
+    gpu = load_gpu("h100_sxm")
+    config = RunConfig(model="gpt-oss-120b", gpu="h100_sxm", cost="measured")
+    cost = build_cost_model(config, load_model("gpt-oss-120b"), gpu)
+    assert any("routed experts (mxfp4): priced by roofline" in note for note in cost.notes)
+    assert any("sliding-window layers, attention sinks: priced by roofline" in note for note in cost.notes)
+    roofline = RooflineCost(load_model("gpt-oss-120b"), gpu)
+    parts = cost.breakdown(decode(8, 2000))
+    assert parts["decode_attention"] == pytest.approx(roofline.attention_all_layers(decode(8, 2000)))
+    assert parts["moe"] == pytest.approx(36 * roofline.moe_time(8))
+
+
+@needs_kernel_db
+def test_model_tables_from_the_kernel_db() -> None:
+    from calibration.kernel_db_models import model_tables
+
+    tables = model_tables(KERNEL_DB, "h200_sxm", "vllm")
+    assert set(tables) == {"mla_decode_attention.parquet", "mla_prefill_attention.parquet", "moe_quant.parquet",
+                           "all_to_all.parquet"}
+    moe = tables["moe_quant.parquet"]
+    assert {"mxfp4", "int4"} <= set(moe["dtype"].to_list())
+    kimi = moe.filter((pl.col("dtype") == "int4") & (pl.col("num_experts") == 384) & (pl.col("inter_size") == 256)
+                      & (pl.col("expert_parallel") == 1))
+    assert kimi.height > 0  # Kimi-K2.5's experts at tensor parallel 8: 2048 / 8 per GPU
+    assert set(tables["all_to_all.parquet"]["op"].to_list()) == {"dispatch", "combine"}
 
 
 # (model, GPU, tensor parallel, data parallel, model-card active and total parameters, fewest and most

@@ -19,6 +19,7 @@ import polars as pl
 from simulator.cost.contract import StepShape
 from simulator.cost.curves import BatchCurves, Curve
 from simulator.cost.gemm import GemmTable, attention_rows
+from simulator.cost.model_tables import AllToAll, mla_curves, moe_quant_curve
 from simulator.cost.moe import MoeTable
 from simulator.cost.operators import ALL_REDUCES_PER_LAYER, all_reduce_bytes, elementwise_ops, gemm_weight_bytes
 from simulator.cost.parallel import AllReduce
@@ -61,6 +62,8 @@ class MeasuredTables:
     fallback: RooflineCost | None = None
     """The roofline of the same GPU, for what the tables do not cover (said in `notes`)."""
     data_parallel_size: int = 1
+    all_to_all: AllToAll | None = None
+    """DeepEP's measured dispatch and combine (data-parallel attention with expert parallelism)."""
 
 
 def _table(profile: Profile, family: str, what: str) -> pl.DataFrame:
@@ -104,12 +107,15 @@ def build_tables(model: ModelSpec, profile: Profile, tensor_parallel_size: int =
 
     decode = prefill = None
     decode_scale = prefill_scale = 1.0
-    unmeasured = [what for what, has in (("MLA", rank.is_mla), ("sliding-window layers", rank.sliding_layers),
+    unmeasured = [what for what, has in (("sliding-window layers", rank.sliding_layers),
                                          ("attention sinks", rank.attention_sinks)) if has]
-    if unmeasured:
-        notes.append(f"attention with {', '.join(unmeasured)}: priced by roofline (the profile's attention tables "
-                     "are GQA kernels over the whole context)")
-    else:
+    mla = mla_curves(profile, rank, notes) if rank.is_mla and not unmeasured else None
+    if mla is not None:
+        decode, decode_scale, prefill, prefill_scale = mla.decode, mla.decode_scale, mla.prefill, mla.prefill_scale
+    elif unmeasured:
+        notes.append(f"attention with {', '.join(unmeasured)}: priced by roofline (the profile's attention "
+                     "tables are kernels over the whole context)")
+    elif not rank.is_mla:  # MLA without its tables: `mla_curves` said so; the roofline prices it
         kv_suffix = _suffix(rank.kv_cache_dtype, profile)
         decode_rows, decode_scale = attention_rows(
             _table(profile, f"decode_attention{kv_suffix}", "decode attention"), rank, "decode attention", notes)
@@ -131,9 +137,14 @@ def build_tables(model: ModelSpec, profile: Profile, tensor_parallel_size: int =
 
     moe = moe_table = None
     if rank.is_moe and (rank.expert_dtype is not None or rank.expert_parallel > 1):
-        notes.append(f"routed experts ({rank.expert_dtype or rank.weight_dtype or rank.dtype}"
-                     + (f", spread over {rank.expert_parallel} GPUs" if rank.expert_parallel > 1 else "")
-                     + "): priced by roofline (no such fused-MoE table in the profile)")
+        expert_rates = rates if rank.expert_dtype is None else (rank.expert_weight_bytes, gpu.mem_bw, gpu.gemm_flops)
+        found = moe_quant_curve(profile, rank, expert_rates, notes)
+        if found is None:
+            notes.append(f"routed experts ({rank.expert_dtype or rank.weight_dtype or rank.dtype}"
+                         + (f", spread over {rank.expert_parallel} GPUs" if rank.expert_parallel > 1 else "")
+                         + "): priced by roofline (no such fused-MoE rows in the profile)")
+        else:
+            moe, moe_table = found
     elif rank.is_moe:
         dtype = rank.weight_dtype or rank.dtype
         frame = _table(profile, "moe", "mixture-of-experts").filter(pl.col("dtype") == dtype)
@@ -142,6 +153,9 @@ def build_tables(model: ModelSpec, profile: Profile, tensor_parallel_size: int =
         moe_table = MoeTable(frame, act, rates)
         moe = moe_table.curve("moe experts", (rank.hidden_size, rank.moe_intermediate_size, rank.num_experts_per_tok,
                                               rank.num_experts), notes)
+    all_to_all = None
+    if data_parallel_size > 1 and rank.expert_parallel > 1 and "all_to_all" in profile.tables:
+        all_to_all = AllToAll(profile.tables["all_to_all"], rank, notes)
 
     all_reduce = None
     if tensor_parallel_size > 1:
@@ -149,11 +163,11 @@ def build_tables(model: ModelSpec, profile: Profile, tensor_parallel_size: int =
         if all_reduce.note is not None:
             notes.append(all_reduce.note)
     fallback = None
-    if unmeasured or (rank.is_moe and moe is None):
+    if unmeasured or rank.is_mla or (rank.is_moe and moe is None) or data_parallel_size > 1:
         fallback = RooflineCost(model, gpu, tensor_parallel_size, all_reduce, expert_parallel_size, data_parallel_size)
     return MeasuredTables(rank, gpu, layer_gemms, lm_head, lm_head_nk, base, decode, decode_scale, prefill,
                           prefill_scale, tuple(elementwise), moe, moe_table, all_reduce, tensor_parallel_size,
-                          profile.step_overhead, tuple(notes), dense_gemms, fallback, data_parallel_size)
+                          profile.step_overhead, tuple(notes), dense_gemms, fallback, data_parallel_size, all_to_all)
 
 
 class MeasuredCost:
@@ -186,6 +200,10 @@ class MeasuredCost:
         self._prefill_flops = 4.0 * model.num_heads * model.head_dim / gpu.attn_flops
         q_kv_o = 2 * model.num_heads + 2 * model.num_kv_heads
         self._prefill_bytes = q_kv_o * model.head_dim * model.dtype_bytes / gpu.attn_bw
+        if model.is_mla:  # prefill up-projects the latent: keys of head_dim, values of v_head_dim per head
+            per_head = model.head_dim + model.v_head_dim
+            self._prefill_flops = 2.0 * model.num_heads * per_head / gpu.attn_flops
+            self._prefill_bytes = 2 * model.num_heads * per_head * model.dtype_bytes / gpu.attn_bw
         self._gemm_rooflines = [(curve, self._gemm_roofline(n, k)) for curve, n, k in tables.layer_gemms]
         self._lm_head_roofline = self._gemm_roofline(*tables.lm_head_nk)
 
@@ -228,7 +246,8 @@ class MeasuredCost:
         m = t.model
         shape = (m.hidden_size, m.moe_intermediate_size, m.num_experts_per_tok, m.num_experts)
         table = t.moe_table
-        return m.moe_layers * t.moe.at(tokens, lambda x: float(table.roofline(x, shape)), self.extrapolated)
+        return m.moe_layers * t.moe.at(tokens * t.data_parallel_size, lambda x: float(table.roofline(x, shape)),
+                                       self.extrapolated)
 
     def _dense_layers(self, tokens: int, moe_layer_gemms: float) -> float:
         """The dense layers' GEMMs less the MoE layer's, which `breakdown` counts for every layer."""
@@ -254,7 +273,9 @@ class MeasuredCost:
         layers = t.model.num_layers
         layer_gemms, head = self._gemms(tokens, shape.num_seqs)
         decode = prefill = collectives = 0.0
-        if t.fallback is not None:
+        if t.all_to_all is not None and t.fallback is not None:
+            collectives = t.model.moe_layers * t.all_to_all.time(tokens, t.fallback.all_to_all_time, self.extrapolated)
+        elif t.fallback is not None:
             collectives = t.model.moe_layers * t.fallback.all_to_all_time(tokens)
         if t.decode is None or t.prefill is None:
             assert t.fallback is not None
@@ -269,6 +290,8 @@ class MeasuredCost:
         if shape.prefill_seqs and t.prefill is not None:
             prefill = layers * t.prefill_scale * t.prefill.at(
                 shape.prefill_seqs, shape.prefill_pairs / shape.prefill_seqs, self.prefill_roofline, self.extrapolated)
+            if t.model.is_mla and t.fallback is not None:  # the cached context's up projection (kv_b)
+                prefill += layers * t.fallback.mla_context_up_projection(shape)
         return {"gemm": layers * layer_gemms + head + self._dense_layers(tokens, layer_gemms), "moe": self._moe(tokens),
                 "decode_attention": decode, "prefill_attention": prefill,
                 "elementwise": self._elementwise(tokens, shape.num_seqs),

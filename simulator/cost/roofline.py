@@ -94,7 +94,7 @@ class RooflineCost:
             bandwidth, rate = self.gpu.mem_bw, self.gpu.gemm_flops
         return 2 * self.gpu.kernel_latency + max(nbytes / bandwidth, flops / rate)
 
-    def all_to_all_time(self, tokens: int) -> float:
+    def all_to_all_time(self, tokens: float) -> float:
         """One MoE layer's dispatch and combine under data-parallel attention with expert parallelism
         (DeepEP's): each of `all_to_all_bytes`, at the interconnect's per-GPU bandwidth plus its latency."""
         if self.data_parallel_size == 1 or self.rank.expert_parallel == 1:
@@ -116,7 +116,7 @@ class RooflineCost:
 
     def attention_all_layers(self, shape: StepShape) -> float:
         """Attention of every layer of a step (MLA prefill's up projection of cached context included)."""
-        layer = self._mla_context_up_projection(shape) if shape.prefill_seqs else 0.0
+        layer = self.mla_context_up_projection(shape) if shape.prefill_seqs else 0.0
         if not self._plain:
             return self.rank.num_layers * layer + self._attention(shape)
         if shape.decode_seqs:
@@ -188,7 +188,7 @@ class RooflineCost:
         silu = 3 * tokens * rank.dtype_bytes * (rank.intermediate_size - rank.ffn_intermediate_per_token)
         return dense - moe + silu / self.gpu.mem_bw
 
-    def _mla_context_up_projection(self, shape: StepShape) -> float:
+    def mla_context_up_projection(self, shape: StepShape) -> float:
         """MLA prefill's up projection (`kv_b`) of the cached context a chunk attends to (the chunk's
         own tokens are in the step's GEMMs), per layer."""
         cached = shape.prefill_context - shape.prefill_tokens
@@ -216,7 +216,7 @@ class RooflineCost:
             return 0.0
         layer, per_step = self._fixed(tokens, shape.num_seqs)
         if prefill_seqs and self.rank.is_mla:
-            layer += self._mla_context_up_projection(shape)
+            layer += self.mla_context_up_projection(shape)
         if not self._plain:
             return self.rank.num_layers * layer + self._attention(shape) + per_step
         if decode_seqs:
