@@ -98,6 +98,22 @@ def test_measured_cost_prices_what_its_tables_lack_by_roofline() -> None:
 
 
 @needs_kernel_db
+def test_measured_all_to_all_is_deepeps() -> None:
+    """Data-parallel attention over 8 H200s (TP 1): the collectives of a step of 8 tokens a rank are
+    58 MoE layers of DeepEP's measured low-latency dispatch and combine (microseconds in the
+    kernel-db), no all-reduce."""
+    config = RunConfig(model="deepseek-v3", gpu="h200_sxm", cost="measured", data_parallel_size=8,
+                       enable_expert_parallel=True, num_replicas=8)
+    cost = build_cost_model(config, load_model("deepseek-v3"), H200)
+    raw = pl.read_parquet(KERNEL_DB / "h200_sxm" / "comm" / "sglang" / "0.5.12" / "wideep_deepep_ll_perf.parquet")
+    row = raw.filter((pl.col("hidden_size") == 7168) & (pl.col("num_topk") == 8) & (pl.col("num_experts") == 256)
+                     & (pl.col("num_token") == 8))
+    assert row.height == 1
+    both = (row["dispatch_avg_t_us"][0] + row["combine_avg_t_us"][0]) * 1e-6
+    assert cost.breakdown(decode(8, 2000))["collectives"] == pytest.approx(58 * both)
+
+
+@needs_kernel_db
 def test_model_tables_from_the_kernel_db() -> None:
     from calibration.kernel_db_models import model_tables
 
