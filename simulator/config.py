@@ -105,7 +105,7 @@ def _seconds(low_open: bool = False) -> Range:
 
 
 RANGES: dict[str, Range] = {
-    "tensor_parallel_size": Range(int, 1, MAX_GPUS, "GPUs"),
+    "tensor_parallel_size": Range(int, 1, MAX_GPUS, "GPUs"), "data_parallel_size": Range(int, 1, MAX_GPUS, "ranks"),
     "max_num_seqs": Range(int, 1, MAX_SEQUENCES, "sequences"),
     "max_num_batched_tokens": _tokens(),
     "long_prefill_token_threshold": _tokens(low=0),
@@ -158,6 +158,8 @@ class RunConfig:
     """`fp8`: the linear layers' weights in fp8 (a checkpoint quantised to fp8 is so already)."""
     kv_cache_dtype: str = "auto"
     """`auto` (the model's dtype) or `fp8`: the KV cache's element type."""
+    enable_expert_parallel: bool = False  # vLLM's; what it and data_parallel_size mean: simulator.deploy.spec
+    data_parallel_size: int = 1
     # Scheduler: vLLM serve's defaults on an H100-class GPU (1024 sequences, 8192 batched tokens).
     # vLLM without chunked prefill raises the budget to the model's context length (131072 for
     # Llama-3.1-8B) and reserves activation memory for a step that large; the continuous policy

@@ -55,6 +55,9 @@ REFERENCE_FILES = {
     "llama-3.1-8b": "meta-llama--Meta-Llama-3.1-8B", "llama-3.1-70b": "meta-llama--Meta-Llama-3.1-70B",
     "llama-3.1-405b": "meta-llama--Meta-Llama-3.1-405B", "qwen3-32b": "Qwen--Qwen3-32B",
     "qwen3-30b-a3b": "Qwen--Qwen3-30B-A3B", "mixtral-8x7b": "mistralai--Mixtral-8x7B-v0.1",
+    "deepseek-v3": "deepseek-ai--DeepSeek-V3", "deepseek-r1": "deepseek-ai--DeepSeek-R1",
+    "kimi-k2.5": "moonshotai--Kimi-K2.5", "gpt-oss-120b": "openai--gpt-oss-120b",
+    "minimax-m2.5": "MiniMaxAI--MiniMax-M2.5",
 }
 
 
@@ -138,7 +141,7 @@ LLAMA = dict(LLAMA_CONFIG)
     ("_name_or_path", 7, "_name_or_path must be a string, got 7"),
     ("architectures", "LlamaForCausalLM", 'architectures must be a list of names, got "LlamaForCausalLM"'),
     ("quantization_config", "fp8", 'quantization_config must be an object, got "fp8"'),
-    ("quantization_config", {"quant_method": "awq"}, 'quant_method "awq": servesim prices fp8 only'),
+    ("quantization_config", {"quant_method": "awq"}, 'quant_method "awq": servesim prices fp8, mxfp4 and'),
 ])
 def test_every_field_read_is_type_checked(field: str, value: object, message: str, tmp_path: Path,
                                           capsys: pytest.CaptureFixture[str]) -> None:
@@ -166,7 +169,8 @@ def test_moe_fields_are_type_checked(fields: dict[str, object], named: str, tmp_
 
 @pytest.mark.parametrize(("fields", "named"), [
     ({"architectures": ["GPT2LMHeadModel"]}, "architectures GPT2LMHeadModel is not one servesim can price"),
-    ({"architectures": ["DeepseekV3ForCausalLM"], "kv_lora_rank": 512}, "architectures DeepseekV3ForCausalLM"),
+    ({"architectures": ["DeepseekV32ForCausalLM"]}, "architectures DeepseekV32ForCausalLM"),
+    ({"index_topk": 2048, "kv_lora_rank": 512}, "index_topk 2048 means sparse indexer attention"),
     ({"kv_lora_rank": 512}, "kv_lora_rank 512 means multi-head latent attention (MLA)"),
     ({"architectures": ["MistralForCausalLM"], "sliding_window": 4096},
      "sliding_window 4096 means sliding-window attention"),

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from simulator.cli.options import RESULTS_DIR, deployment_options, setting
+from simulator.cli.options import RESULTS_DIR, deployment_options, parallel_options, setting
 from simulator.config import RunConfig
 from simulator.cost import COST_MODELS
 from simulator.deploy.hardware import available_gpus
@@ -53,20 +53,27 @@ def warn_past_limits(spec: ModelSpec, table: BatchTable, sizes: list[int]) -> No
 
 
 def print_table(spec: ModelSpec, hardware: GpuSpec, shard: ModelSpec, table: BatchTable, tensor_parallel_size: int,
-                gpu_memory_utilization: float) -> None:
+                gpu_memory_utilization: float, data_parallel_size: int = 1) -> None:
     """The deployment in a line, the table (with the all-reduce time under tensor parallelism), the knee
     and the ceiling."""
-    parallel = tensor_parallel_size > 1
+    parallel = tensor_parallel_size > 1 or shard.expert_parallel > 1
     dtypes = (shard.weight_dtype or shard.dtype, shard.kv_cache_dtype or shard.dtype)
+    experts = f", experts {shard.expert_dtype}" if shard.expert_dtype else ""
+    layout = (f"; per GPU of {tensor_parallel_size} (tensor parallel)" if tensor_parallel_size > 1 else "")
+    if shard.expert_parallel > 1:
+        layout = (f"; per GPU of {tensor_parallel_size * data_parallel_size} (tensor parallel {tensor_parallel_size}"
+                  + (f" x data-parallel attention {data_parallel_size}, batch per rank" if data_parallel_size > 1
+                     else "") + f", experts over {shard.expert_parallel})")
     click.echo(f"{spec.name} on {hardware.name}, {table.context}-token contexts, decode steps"
-               + (f"; weights {dtypes[0]}, KV {dtypes[1]}" if dtypes != (shard.dtype, shard.dtype) else "")
-               + (f"; per GPU of {tensor_parallel_size} (tensor parallel)" if parallel else ""))
+               + (f"; weights {dtypes[0]}, KV {dtypes[1]}{experts}" if dtypes != (shard.dtype, shard.dtype) or experts
+                  else "") + layout)
     cells = [[f"{r['batch']}{'*' if r['batch'] > table.max_batch else ''}", f"{r['step_time'] * 1e3:.2f}",
               *([f"{r['all_reduce_time'] * 1e3:.2f}"] if parallel else []),
               f"{r['weight_bytes'] / 1e9:.2f}", f"{r['kv_bytes'] / 1e9:.2f}", f"{r['achieved_bandwidth'] / 1e9:.0f}",
               f"{r['per_request_tokens_per_s']:.1f}", f"{r['aggregate_tokens_per_s']:.0f}"]
              for r in table.rows.iter_rows(named=True)]
-    headers = ["batch", "step ms", *(["all-reduce ms"] if parallel else []), "weights GB", "KV GB", "GB/s",
+    communication = "all-reduce ms" if data_parallel_size == 1 else "collectives ms"
+    headers = ["batch", "step ms", *([communication] if parallel else []), "weights GB", "KV GB", "GB/s",
                "tok/s/req", "tok/s total"]
     click.echo(aligned(headers, cells))
     click.echo(f"knee (KV bytes = weight bytes): batch {table.knee_batch:.1f}")
@@ -95,11 +102,13 @@ def draw_table(spec: ModelSpec, hardware: GpuSpec, table: BatchTable, out: Path 
 @setting("cost", type=click.Choice(COST_MODELS), help="Step times from the roofline or the measured kernels.")
 @setting("gpu_memory_utilization", type=float, help="Share of GPU memory that sets the KV ceiling.")
 @deployment_options
+@parallel_options
 @click.option("--out", type=click.Path(path_type=Path), default=None, help="Write the table as Parquet.")
 @click.option("--plot", default=None, is_flag=False, flag_value="", metavar="[FILE.html]",
               help="Draw the table [default file: --out's name as .html, or results/batch-table-CONTEXT.html].")
 def batch_table_command(context: int, batches: str, model: str, gpu: str, cost: str, gpu_memory_utilization: float,
-                        tensor_parallel_size: int, quantization: str | None, kv_cache_dtype: str, out: Path | None,
+                        tensor_parallel_size: int, quantization: str | None, kv_cache_dtype: str,
+                        enable_expert_parallel: bool, data_parallel_size: int, out: Path | None,
                         plot: str | None) -> None:
     """The chapter's table: decode step time and tokens/s against batch size."""
     from simulator.cost import build_cost_model
@@ -119,12 +128,13 @@ def batch_table_command(context: int, batches: str, model: str, gpu: str, cost: 
     # KV capacity as a default continuous-batching server of this memory share would have it.
     config = RunConfig(model=model, gpu=gpu, cost=cost, gpu_memory_utilization=gpu_memory_utilization,
                        tensor_parallel_size=tensor_parallel_size, quantization=quantization,
-                       kv_cache_dtype=kv_cache_dtype)
+                       kv_cache_dtype=kv_cache_dtype, enable_expert_parallel=enable_expert_parallel,
+                       data_parallel_size=data_parallel_size, num_replicas=data_parallel_size)
     capacity = kv_cache_blocks(config, spec, hardware, context) * config.block_size
     shard = gpu_shard(config, spec)
-    table = batch_table(shard, build_cost_model(config, spec, hardware), context, sizes, capacity)
+    table = batch_table(shard, build_cost_model(config, spec, hardware), context, sizes, capacity, data_parallel_size)
     warn_past_limits(spec, table, sizes)
-    print_table(spec, hardware, shard, table, tensor_parallel_size, gpu_memory_utilization)
+    print_table(spec, hardware, shard, table, tensor_parallel_size, gpu_memory_utilization, data_parallel_size)
     if out is not None:
         write_parquet(table.rows, out, {"model": spec.name, "gpu": hardware.name, "context": context,
                                         "knee_batch": table.knee_batch, "max_batch": table.max_batch})

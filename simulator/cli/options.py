@@ -70,6 +70,20 @@ def deployment_options(command: F) -> F:
     return command
 
 
+def parallel_options(command: F) -> F:
+    """--enable-expert-parallel and --data-parallel-size, as vLLM names them (MoE models)."""
+    for option in reversed((
+        click.option("--enable-expert-parallel", "enable_expert_parallel", is_flag=True,
+                     default=DEFAULTS.enable_expert_parallel,
+                     help="Spread a MoE model's routed experts whole over the GPUs (tensor x data parallel) "
+                          "instead of splitting each."),
+        setting("data_parallel_size", help="Data-parallel attention ranks of --tensor-parallel-size GPUs each, "
+                                           "their experts one group (needs --enable-expert-parallel)."),
+    )):
+        command = option(command)
+    return command
+
+
 def aligned(headers: list[str], rows: list[list[str]]) -> str:
     """Right-aligned columns as wide as their widest cell, two spaces apart: wide values never touch."""
     widths = [max(len(cell) for cell in column) for column in zip(headers, *rows, strict=True)]

@@ -14,7 +14,7 @@ import click
 from click.core import ParameterSource
 
 from policies import ENABLE_CHUNKED_PREFILL, POLICIES, readers
-from simulator.cli.options import RESULTS_DIR, Choice, deployment_options, setting
+from simulator.cli.options import RESULTS_DIR, Choice, deployment_options, parallel_options, setting
 from simulator.config import DEFAULTS, GOODPUT_METRICS, RunConfig, flag, parse_goodput, parse_percentiles, quote
 from simulator.cost import COST_MODELS
 from simulator.deploy.hardware import available_gpus
@@ -91,6 +91,7 @@ def read_by(setting: str) -> str:
 @setting("cost", type=Choice(COST_MODELS),
          help="Step times from the roofline over the profile's fitted rates, or from its measured kernels.")
 @deployment_options
+@parallel_options
 @setting("rate", "--request-rate",
          help="Open loop: requests/s, gamma-distributed gaps (see --burstiness) [default: inf: all at once].")
 @setting("burstiness", help="Gamma shape of the gaps: 1 = Poisson, < 1 burstier, > 1 smoother.")

@@ -21,6 +21,7 @@ from simulator.cost.parallel import AllReduce
 from simulator.cost.roofline import RooflineCost
 from simulator.deploy.hardware import GpuSpec, load_profile, profile_dir
 from simulator.deploy.model import ModelSpec
+from simulator.deploy.spec import check_data_parallel
 
 COST_MODELS = ("measured", "roofline")
 __all__ = ["COST_MODELS", "AllReduce", "BatchCurves", "CostModel", "CostSettings", "Curve", "GemmTable",
@@ -42,6 +43,12 @@ class CostSettings(Protocol):
     def kv_cache_dtype(self) -> str: ...
     @property
     def tensor_parallel_size(self) -> int: ...
+    @property
+    def data_parallel_size(self) -> int: ...
+    @property
+    def enable_expert_parallel(self) -> bool: ...
+    @property
+    def num_replicas(self) -> int: ...
 
 
 def build_cost_model(config: CostSettings, model: ModelSpec, gpu: GpuSpec) -> CostModel:
@@ -49,10 +56,12 @@ def build_cost_model(config: CostSettings, model: ModelSpec, gpu: GpuSpec) -> Co
     measured kernels from its profile, or the roofline (all-reduces measured where the profile has
     collectives)."""
     deployed = model.deployed(config.quantization, config.kv_cache_dtype)
-    tp = config.tensor_parallel_size
+    tp, dp = config.tensor_parallel_size, config.data_parallel_size
+    check_data_parallel(dp, config.enable_expert_parallel, config.num_replicas)
+    ep = model.expert_parallel_size(tp, dp, config.enable_expert_parallel)
     if config.cost == "roofline":
         all_reduce = None
         if tp > 1 and (profile_dir(config.gpu) / "profile.json").exists():
             all_reduce = AllReduce(tp, gpu, load_profile(config.gpu).tables["collectives"])
-        return RooflineCost(deployed, gpu, tp, all_reduce)
-    return measured_cost(deployed, config.gpu, tp)
+        return RooflineCost(deployed, gpu, tp, all_reduce, ep, dp)
+    return measured_cost(deployed, config.gpu, tp, ep, dp)

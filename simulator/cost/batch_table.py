@@ -30,17 +30,18 @@ class BatchTable:
 
 
 def batch_table(model: ModelSpec, cost: CostModel, context: int, batches: list[int],
-                kv_capacity_tokens: int) -> BatchTable:
+                kv_capacity_tokens: int, data_parallel_size: int = 1) -> BatchTable:
     """The table for one GPU: `model` is what that GPU holds (`ModelSpec.shard`), `cost` its cost
-    model, `kv_capacity_tokens` the tokens its KV cache holds."""
+    model, `kv_capacity_tokens` the tokens its KV cache holds. Under data-parallel attention a row's
+    batch is each rank's, every rank decoding as many (its experts see all ranks' tokens)."""
     weight_bytes = model.weight_bytes_per_step
-    kv_per_seq = context * model.kv_bytes_per_token
+    kv_per_seq = model.kv_bytes_for_context(context)
     records = []
     for batch in batches:
         shape = StepShape.from_rows([(1, context)] * batch)
         step = cost.step_time(shape)
         kv_bytes = batch * kv_per_seq
-        weights_read = weight_bytes_read(model, batch)
+        weights_read = weight_bytes_read(model, batch * data_parallel_size)
         records.append({
             "batch": batch,
             "context": context,

@@ -19,10 +19,11 @@ import polars as pl
 from simulator.cost.contract import StepShape
 from simulator.cost.curves import BatchCurves, Curve
 from simulator.cost.gemm import GemmTable, attention_rows
+from simulator.cost.model_tables import AllToAll, mla_curves, moe_quant_curve
 from simulator.cost.moe import MoeTable
 from simulator.cost.operators import ALL_REDUCES_PER_LAYER, all_reduce_bytes, elementwise_ops, gemm_weight_bytes
 from simulator.cost.parallel import AllReduce
-from simulator.cost.roofline import host_overhead
+from simulator.cost.roofline import RooflineCost, host_overhead
 from simulator.deploy.hardware import GpuSpec, Profile, load_profile
 from simulator.deploy.model import ModelSpec
 from simulator.errors import InputError
@@ -42,9 +43,10 @@ class MeasuredTables:
     lm_head: Curve
     lm_head_nk: tuple[int, int]
     gemm: GemmTable
-    decode: BatchCurves
+    decode: BatchCurves | None
+    """None: attention priced by `fallback` (MLA, sliding windows, sinks: no such measured tables)."""
     decode_scale: float
-    prefill: BatchCurves
+    prefill: BatchCurves | None
     prefill_scale: float
     elementwise: tuple[tuple[Curve, bool, int, int], ...]
     moe: Curve | None
@@ -55,6 +57,13 @@ class MeasuredTables:
     step_overhead: float
     notes: tuple[str, ...]
     """What the tables had to stand in for or extrapolate, once, at load."""
+    dense_gemms: tuple[tuple[Curve, int, int], ...] = ()
+    """The linear layers of the dense layers before the MoE ones."""
+    fallback: RooflineCost | None = None
+    """The roofline of the same GPU, for what the tables do not cover (said in `notes`)."""
+    data_parallel_size: int = 1
+    all_to_all: AllToAll | None = None
+    """DeepEP's measured dispatch and combine (data-parallel attention with expert parallelism)."""
 
 
 def _table(profile: Profile, family: str, what: str) -> pl.DataFrame:
@@ -68,11 +77,13 @@ def _suffix(dtype: str | None, profile: Profile) -> str:
     return "" if dtype is None or dtype == profile.meta["dtype"] else f"_{dtype}"
 
 
-def build_tables(model: ModelSpec, profile: Profile, tensor_parallel_size: int = 1) -> MeasuredTables:
-    """Interpolators for one GPU of `model` (in its run's dtypes) split `tensor_parallel_size` ways."""
+def build_tables(model: ModelSpec, profile: Profile, tensor_parallel_size: int = 1, expert_parallel_size: int = 1,
+                 data_parallel_size: int = 1) -> MeasuredTables:
+    """Interpolators for one GPU of `model` (in its run's dtypes) split `tensor_parallel_size` ways
+    (its experts over `expert_parallel_size` GPUs)."""
     if tensor_parallel_size < 1:
         raise InputError(f"tensor parallel size must be >= 1, got {tensor_parallel_size}")
-    rank = model.shard(tensor_parallel_size)
+    rank = model.shard(tensor_parallel_size, expert_parallel_size)
     gpu, notes = profile.gpu, list[str]()
     act = rank.dtype_bytes
     base = GemmTable(profile.tables["gemm"], gpu, act)
@@ -84,20 +95,36 @@ def build_tables(model: ModelSpec, profile: Profile, tensor_parallel_size: int =
             raise InputError(f"GPU profile {gpu.name!r} has no fp8_mem_bw or fp8_gemm_flops: cannot price fp8 weights")
         rates = (rank.weight_dtype_bytes, gpu.fp8_mem_bw, gpu.fp8_gemm_flops)
         weights = GemmTable(_table(profile, f"gemm{weight_suffix}", f"{rank.weight_dtype} GEMM"), gpu, act, rates)
-    layer_gemms = tuple((((weights if gemm_weight_bytes(rank, name) != act else base)
-                          .curve(f"gemm {name}", n, k, notes)), n, k) for name, n, k in rank.linear_shapes)
+
+    def curves(shapes: tuple[tuple[str, int, int], ...]) -> tuple[tuple[Curve, int, int], ...]:
+        return tuple((((weights if gemm_weight_bytes(rank, name) != act else base)
+                       .curve(f"gemm {name}", n, k, notes)), n, k) for name, n, k in shapes)
+
+    layer_gemms = curves(rank.linear_shapes)
+    dense_gemms = curves(rank.dense_layer_shapes) if rank.first_dense_layers else ()
     lm_head_nk = (rank.vocab_size, rank.hidden_size)
     lm_head = base.curve("gemm lm_head", *lm_head_nk, notes)
 
-    kv_suffix = _suffix(rank.kv_cache_dtype, profile)
-    decode_rows, decode_scale = attention_rows(_table(profile, f"decode_attention{kv_suffix}", "decode attention"),
-                                               rank, "decode attention", notes)
-    decode = BatchCurves.from_frame("decode attention", decode_rows, "context")
-    prefill_rows, prefill_scale = attention_rows(
-        _table(profile, f"prefill_attention{kv_suffix}", "prefill attention"), rank, "prefill attention", notes)
-    prefill_rows = prefill_rows.with_columns(
-        pairs=pl.col("new_tokens") * (pl.col("context") - pl.col("new_tokens") + (pl.col("new_tokens") + 1) / 2))
-    prefill = BatchCurves.from_frame("prefill attention", prefill_rows, "pairs")
+    decode = prefill = None
+    decode_scale = prefill_scale = 1.0
+    unmeasured = [what for what, has in (("sliding-window layers", rank.sliding_layers),
+                                         ("attention sinks", rank.attention_sinks)) if has]
+    mla = mla_curves(profile, rank, notes) if rank.is_mla and not unmeasured else None
+    if mla is not None:
+        decode, decode_scale, prefill, prefill_scale = mla.decode, mla.decode_scale, mla.prefill, mla.prefill_scale
+    elif unmeasured:
+        notes.append(f"attention with {', '.join(unmeasured)}: priced by roofline (the profile's attention "
+                     "tables are kernels over the whole context)")
+    elif not rank.is_mla:  # MLA without its tables: `mla_curves` said so; the roofline prices it
+        kv_suffix = _suffix(rank.kv_cache_dtype, profile)
+        decode_rows, decode_scale = attention_rows(
+            _table(profile, f"decode_attention{kv_suffix}", "decode attention"), rank, "decode attention", notes)
+        decode = BatchCurves.from_frame("decode attention", decode_rows, "context")
+        prefill_rows, prefill_scale = attention_rows(
+            _table(profile, f"prefill_attention{kv_suffix}", "prefill attention"), rank, "prefill attention", notes)
+        prefill_rows = prefill_rows.with_columns(
+            pairs=pl.col("new_tokens") * (pl.col("context") - pl.col("new_tokens") + (pl.col("new_tokens") + 1) / 2))
+        prefill = BatchCurves.from_frame("prefill attention", prefill_rows, "pairs")
 
     table = profile.tables["elementwise"]
     elementwise = []
@@ -109,7 +136,16 @@ def build_tables(model: ModelSpec, profile: Profile, tensor_parallel_size: int =
                             per_seq, count, unit_bytes))
 
     moe = moe_table = None
-    if rank.is_moe:
+    if rank.is_moe and (rank.expert_dtype is not None or rank.expert_parallel > 1):
+        expert_rates = rates if rank.expert_dtype is None else (rank.expert_weight_bytes, gpu.mem_bw, gpu.gemm_flops)
+        found = moe_quant_curve(profile, rank, expert_rates, notes)
+        if found is None:
+            notes.append(f"routed experts ({rank.expert_dtype or rank.weight_dtype or rank.dtype}"
+                         + (f", spread over {rank.expert_parallel} GPUs" if rank.expert_parallel > 1 else "")
+                         + "): priced by roofline (no such fused-MoE rows in the profile)")
+        else:
+            moe, moe_table = found
+    elif rank.is_moe:
         dtype = rank.weight_dtype or rank.dtype
         frame = _table(profile, "moe", "mixture-of-experts").filter(pl.col("dtype") == dtype)
         if frame.height == 0:
@@ -117,15 +153,21 @@ def build_tables(model: ModelSpec, profile: Profile, tensor_parallel_size: int =
         moe_table = MoeTable(frame, act, rates)
         moe = moe_table.curve("moe experts", (rank.hidden_size, rank.moe_intermediate_size, rank.num_experts_per_tok,
                                               rank.num_experts), notes)
+    all_to_all = None
+    if data_parallel_size > 1 and rank.expert_parallel > 1 and "all_to_all" in profile.tables:
+        all_to_all = AllToAll(profile.tables["all_to_all"], rank, notes)
 
     all_reduce = None
     if tensor_parallel_size > 1:
         all_reduce = AllReduce(tensor_parallel_size, gpu, profile.tables["collectives"])
         if all_reduce.note is not None:
             notes.append(all_reduce.note)
+    fallback = None
+    if unmeasured or rank.is_mla or (rank.is_moe and moe is None) or data_parallel_size > 1:
+        fallback = RooflineCost(model, gpu, tensor_parallel_size, all_reduce, expert_parallel_size, data_parallel_size)
     return MeasuredTables(rank, gpu, layer_gemms, lm_head, lm_head_nk, base, decode, decode_scale, prefill,
                           prefill_scale, tuple(elementwise), moe, moe_table, all_reduce, tensor_parallel_size,
-                          profile.step_overhead, tuple(notes))
+                          profile.step_overhead, tuple(notes), dense_gemms, fallback, data_parallel_size, all_to_all)
 
 
 class MeasuredCost:
@@ -158,6 +200,10 @@ class MeasuredCost:
         self._prefill_flops = 4.0 * model.num_heads * model.head_dim / gpu.attn_flops
         q_kv_o = 2 * model.num_heads + 2 * model.num_kv_heads
         self._prefill_bytes = q_kv_o * model.head_dim * model.dtype_bytes / gpu.attn_bw
+        if model.is_mla:  # prefill up-projects the latent: keys of head_dim, values of v_head_dim per head
+            per_head = model.head_dim + model.v_head_dim
+            self._prefill_flops = 2.0 * model.num_heads * per_head / gpu.attn_flops
+            self._prefill_bytes = 2 * model.num_heads * per_head * model.dtype_bytes / gpu.attn_bw
         self._gemm_rooflines = [(curve, self._gemm_roofline(n, k)) for curve, n, k in tables.layer_gemms]
         self._lm_head_roofline = self._gemm_roofline(*tables.lm_head_nk)
 
@@ -194,11 +240,22 @@ class MeasuredCost:
     def _moe(self, tokens: int) -> float:
         t = self.tables
         if t.moe is None or t.moe_table is None:
+            if t.fallback is not None and t.model.is_moe:
+                return t.model.moe_layers * t.fallback.moe_time(tokens * t.data_parallel_size)
             return 0.0
         m = t.model
         shape = (m.hidden_size, m.moe_intermediate_size, m.num_experts_per_tok, m.num_experts)
         table = t.moe_table
-        return m.num_layers * t.moe.at(tokens, lambda x: float(table.roofline(x, shape)), self.extrapolated)
+        return m.moe_layers * t.moe.at(tokens * t.data_parallel_size, lambda x: float(table.roofline(x, shape)),
+                                       self.extrapolated)
+
+    def _dense_layers(self, tokens: int, moe_layer_gemms: float) -> float:
+        """The dense layers' GEMMs less the MoE layer's, which `breakdown` counts for every layer."""
+        t = self.tables
+        if not t.dense_gemms:
+            return 0.0
+        dense = sum(curve.at(tokens, self._gemm_roofline(n, k), self.extrapolated) for curve, n, k in t.dense_gemms)
+        return t.model.first_dense_layers * (dense - moe_layer_gemms)
 
     def _all_reduce(self, tokens: int) -> float:
         t = self.tables
@@ -215,16 +272,30 @@ class MeasuredCost:
             return {}
         layers = t.model.num_layers
         layer_gemms, head = self._gemms(tokens, shape.num_seqs)
-        decode = prefill = 0.0
-        if shape.decode_seqs:
+        decode = prefill = collectives = 0.0
+        if t.all_to_all is not None and t.fallback is not None:
+            collectives = t.model.moe_layers * t.all_to_all.time(tokens, t.fallback.all_to_all_time, self.extrapolated)
+        elif t.fallback is not None:
+            collectives = t.model.moe_layers * t.fallback.all_to_all_time(tokens)
+        if t.decode is None or t.prefill is None:
+            assert t.fallback is not None
+            if shape.decode_seqs:
+                decode = t.fallback.attention_all_layers(StepShape(shape.decode_seqs, shape.decode_seqs,
+                                                                   shape.decode_context))
+            if shape.prefill_seqs:
+                prefill = t.fallback.attention_all_layers(StepShape(shape.prefill_seqs, 0, 0, *shape[3:]))
+        elif shape.decode_seqs:
             decode = layers * t.decode_scale * t.decode.at(shape.decode_seqs, shape.decode_context / shape.decode_seqs,
                                                            self.decode_roofline, self.extrapolated)
-        if shape.prefill_seqs:
+        if shape.prefill_seqs and t.prefill is not None:
             prefill = layers * t.prefill_scale * t.prefill.at(
                 shape.prefill_seqs, shape.prefill_pairs / shape.prefill_seqs, self.prefill_roofline, self.extrapolated)
-        return {"gemm": layers * layer_gemms + head, "moe": self._moe(tokens), "decode_attention": decode,
-                "prefill_attention": prefill, "elementwise": self._elementwise(tokens, shape.num_seqs),
-                "collectives": self._all_reduce(tokens),
+            if t.model.is_mla and t.fallback is not None:  # the cached context's up projection (kv_b)
+                prefill += layers * t.fallback.mla_context_up_projection(shape)
+        return {"gemm": layers * layer_gemms + head + self._dense_layers(tokens, layer_gemms), "moe": self._moe(tokens),
+                "decode_attention": decode, "prefill_attention": prefill,
+                "elementwise": self._elementwise(tokens, shape.num_seqs),
+                "collectives": self._all_reduce(tokens) + collectives,
                 "overhead": host_overhead(t.gpu, t.step_overhead, shape.num_seqs, tokens)}
 
     def step_time(self, shape: StepShape) -> float:
@@ -242,11 +313,14 @@ class MeasuredCost:
 
 
 @lru_cache(maxsize=32)
-def _cached_tables(model: ModelSpec, profile: Profile, tensor_parallel_size: int) -> MeasuredTables:
+def _cached_tables(model: ModelSpec, profile: Profile, tensor_parallel_size: int, expert_parallel_size: int,
+                   data_parallel_size: int) -> MeasuredTables:
     # Profiles hash by identity, and `load_profile` returns the same object until the files change.
-    return build_tables(model, profile, tensor_parallel_size)
+    return build_tables(model, profile, tensor_parallel_size, expert_parallel_size, data_parallel_size)
 
 
-def measured_cost(model: ModelSpec, gpu: str, tensor_parallel_size: int = 1) -> MeasuredCost:
+def measured_cost(model: ModelSpec, gpu: str, tensor_parallel_size: int = 1, expert_parallel_size: int = 1,
+                  data_parallel_size: int = 1) -> MeasuredCost:
     """The measured-kernel cost of `model` on a profile (shipped name or path), with fresh records."""
-    return MeasuredCost(_cached_tables(model, load_profile(gpu), tensor_parallel_size))
+    return MeasuredCost(_cached_tables(model, load_profile(gpu), tensor_parallel_size, expert_parallel_size,
+                                       data_parallel_size))

@@ -23,7 +23,7 @@ class MoeTable:
     the two either side (the edge's beyond them), and divides its own roofline time by it. With no
     such shapes, the nearest shape's efficiency stands in, and `notes` says so."""
 
-    def __init__(self, frame: pl.DataFrame, dtype_bytes: int, weights: tuple[int, float, float]) -> None:
+    def __init__(self, frame: pl.DataFrame, dtype_bytes: float, weights: tuple[float, float, float]) -> None:
         """`weights`: (bytes per weight, achieved weight-streaming bandwidth, FLOP/s)."""
         self.dtype_bytes = dtype_bytes
         self.weight_bytes, self.mem_bw, self.flops = weights

@@ -29,9 +29,9 @@ def elementwise_ops(model: ModelSpec) -> tuple[tuple[str, bool, int, int], ...]:
     h, dt, layers = model.hidden_size, model.dtype_bytes, model.num_layers
     return (
         ("add_rmsnorm", False, 2 * layers + 1, 4 * h * dt),
-        ("rotary", False, layers, 2 * (model.num_heads + model.num_kv_heads) * model.head_dim * dt),
+        ("rotary", False, layers, 2 * model.rotary_elements * dt),
         ("silu_mul", False, layers, 3 * model.ffn_intermediate_per_token * dt),
-        ("kv_write", False, layers, (2 * dt + 2 * model.kv_dtype_bytes) * model.num_kv_heads * model.head_dim),
+        ("kv_write", False, layers, model.kv_write_bytes),
         ("embedding", False, 1, 2 * h * dt),
         ("sampling", True, 1, model.vocab_size * 4),
     )
@@ -54,16 +54,27 @@ def experts_touched(tokens: float, num_experts: int, top_k: int) -> float:
 
 def weight_bytes_read(model: ModelSpec, tokens: int) -> float:
     """Weight bytes a step of `tokens` tokens reads: all but the embedding table and, in a mixture
-    of experts, the experts no token is routed to (in expectation)."""
+    of experts, the experts on this GPU no token is routed to (in expectation). `tokens`: those the
+    experts see (under data-parallel attention, every rank's)."""
     if not model.is_moe:
         return model.weight_bytes_per_step
-    unused = model.num_experts - experts_touched(tokens, model.num_experts, model.num_experts_per_tok)
-    return model.weight_bytes_per_step - model.num_layers * unused * model.expert_params * model.weight_dtype_bytes
+    touched = experts_touched(tokens, model.num_experts, model.num_experts_per_tok) / model.expert_parallel
+    unused = model.local_experts - touched
+    return model.weight_bytes_per_step - model.moe_layers * unused * model.expert_params * model.expert_weight_bytes
 
 
 def moe_bytes_and_flops(model: ModelSpec, tokens: float) -> tuple[float, float]:
-    """One MoE layer's expert FFNs: weights of the experts touched, activations in and out, FLOPs."""
-    k = model.num_experts_per_tok
-    weights = experts_touched(tokens, model.num_experts, k) * model.expert_params * model.weight_dtype_bytes
-    activations = tokens * k * (2 * model.hidden_size + 3 * model.moe_intermediate_size) * model.dtype_bytes
-    return weights + activations, 2.0 * tokens * k * model.expert_params
+    """One MoE layer's routed experts on one GPU: weights of its experts touched, activations in and
+    out, FLOPs (under expert parallelism over E GPUs, 1/E of the routed tokens, balanced)."""
+    k, ep = model.num_experts_per_tok, model.expert_parallel
+    weights = experts_touched(tokens, model.num_experts, k) / ep * model.expert_params * model.expert_weight_bytes
+    activations = tokens * k / ep * (2 * model.hidden_size + 3 * model.moe_intermediate_size) * model.dtype_bytes
+    return weights + activations, 2.0 * tokens * k / ep * model.expert_params
+
+
+def all_to_all_bytes(model: ModelSpec, tokens: float) -> float:
+    """Bytes one GPU sends in one expert-parallel dispatch (or receives back in the combine): the
+    hidden state of each of its `tokens` tokens once per routed expert, for the (E - 1) / E of
+    them held on other GPUs (routing uniform), in the activations' dtype."""
+    ep = model.expert_parallel
+    return tokens * model.num_experts_per_tok * model.hidden_size * model.dtype_bytes * (ep - 1) / ep

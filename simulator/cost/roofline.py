@@ -12,6 +12,7 @@ from simulator.cost.operators import (
     ALL_REDUCES_PER_LAYER,
     ELEMENTWISE_KERNELS_PER_LAYER,
     all_reduce_bytes,
+    all_to_all_bytes,
     gemm_weight_bytes,
     moe_bytes_and_flops,
 )
@@ -34,9 +35,11 @@ class RooflineCost:
     N > 1, two all-reduces per layer (`all_reduce`, measured where the profile has collectives)."""
 
     def __init__(self, model: ModelSpec, gpu: GpuSpec, tensor_parallel_size: int = 1,
-                 all_reduce: AllReduce | None = None) -> None:
+                 all_reduce: AllReduce | None = None, expert_parallel_size: int = 1,
+                 data_parallel_size: int = 1) -> None:
         self.model, self.gpu = model, gpu
-        self.rank = model.shard(tensor_parallel_size)
+        self.rank = model.shard(tensor_parallel_size, expert_parallel_size)
+        self.data_parallel_size = data_parallel_size
         if tensor_parallel_size > 1 and all_reduce is None:
             all_reduce = AllReduce(tensor_parallel_size, gpu, None)
         self.all_reduce = all_reduce
@@ -45,10 +48,24 @@ class RooflineCost:
         if self.rank.weight_dtype_bytes != self.rank.dtype_bytes and (gpu.fp8_gemm_flops is None
                                                                        or gpu.fp8_mem_bw is None):
             raise InputError(f"GPU profile {gpu.name!r} has no fp8_gemm_flops or fp8_mem_bw: cannot price fp8 weights")
+        if data_parallel_size > 1 and gpu.interconnect_bw is None:
+            raise InputError(f"GPU profile {gpu.name!r} has no interconnect_bw: cannot price expert parallelism's "
+                             "all-to-all")
         self._fixed_cache: dict[tuple[int, int], tuple[float, float]] = {}
         # Attention's constants, read once (the same values, so the same float operations and bits).
-        self._kv_bytes_per_token = self.rank.kv_bytes_per_token_per_layer
-        self._flops_per_pair = 4.0 * self.rank.num_heads * self.rank.head_dim
+        rank = self.rank
+        self._kv_bytes_per_token = rank.kv_bytes_per_token_per_layer
+        self._flops_per_pair = 4.0 * rank.num_heads * rank.head_dim
+        self._prefill_kv_bytes, self._prefill_flops_per_pair = self._kv_bytes_per_token, self._flops_per_pair
+        if rank.is_mla:
+            # Decode, absorbed: each head scores the cached latent and rope part, then sums the latent.
+            self._flops_per_pair = 2.0 * rank.num_heads * (2 * rank.kv_lora_rank + rank.qk_rope_head_dim)
+            # Prefill, not absorbed: the latent is projected up to keys (nope + rope) and values per head.
+            per_head = rank.head_dim + rank.v_head_dim
+            self._prefill_kv_bytes = rank.num_heads * per_head * rank.dtype_bytes
+            self._prefill_flops_per_pair = 2.0 * rank.num_heads * per_head
+        self._plain = not (rank.sliding_layers or rank.attention_sinks)
+        """Every layer attends to the whole context, with no sinks: one attention term per layer."""
 
     def _rates(self, weight_bytes: int) -> tuple[float, float]:
         """Achieved (bandwidth, FLOP/s) of GEMMs with weights of `weight_bytes` bytes."""
@@ -67,17 +84,69 @@ class RooflineCost:
         return self.gpu.kernel_latency + max(nbytes / bandwidth, 2.0 * m * n * k / flops)
 
     def moe_time(self, tokens: int) -> float:
-        """One MoE layer's experts: a fused kernel for gate/up and one for down."""
+        """One MoE layer's routed experts: a fused kernel for gate/up and one for down. `tokens`: all
+        the experts see (every data-parallel rank's). 4-bit experts are read as such and computed in
+        the activations' dtype (Hopper has no 4-bit tensor cores)."""
         nbytes, flops = moe_bytes_and_flops(self.rank, tokens)
-        bandwidth, rate = self._rates(self.rank.weight_dtype_bytes)
+        if self.rank.expert_dtype is None:
+            bandwidth, rate = self._rates(self.rank.weight_dtype_bytes)
+        else:
+            bandwidth, rate = self.gpu.mem_bw, self.gpu.gemm_flops
         return 2 * self.gpu.kernel_latency + max(nbytes / bandwidth, flops / rate)
 
-    def attention_time(self, kv_tokens: float, pairs: float) -> float:
-        """One layer's attention over `kv_tokens` of cached context and `pairs` query-key products."""
+    def all_to_all_time(self, tokens: float) -> float:
+        """One MoE layer's dispatch and combine under data-parallel attention with expert parallelism
+        (DeepEP's): each of `all_to_all_bytes`, at the interconnect's per-GPU bandwidth plus its latency."""
+        if self.data_parallel_size == 1 or self.rank.expert_parallel == 1:
+            return 0.0
+        assert self.gpu.interconnect_bw is not None
+        return 2 * (self.gpu.interconnect_latency + all_to_all_bytes(self.rank, tokens) / self.gpu.interconnect_bw)
+
+    def attention_time(self, kv_tokens: float, pairs: float, prefill: bool = False) -> float:
+        """One layer's attention over `kv_tokens` of cached context and `pairs` query-key products
+        (MLA: decode in the absorbed form over the latent cache, prefill in the up-projected form)."""
         gpu = self.gpu
-        memory = kv_tokens * self._kv_bytes_per_token / gpu.attn_bw
-        compute = self._flops_per_pair * pairs / gpu.attn_flops
+        if prefill:
+            memory = kv_tokens * self._prefill_kv_bytes / gpu.attn_bw
+            compute = self._prefill_flops_per_pair * pairs / gpu.attn_flops
+        else:
+            memory = kv_tokens * self._kv_bytes_per_token / gpu.attn_bw
+            compute = self._flops_per_pair * pairs / gpu.attn_flops
         return gpu.attn_kernel_latency + (compute if compute > memory else memory)  # max(), without the call
+
+    def attention_all_layers(self, shape: StepShape) -> float:
+        """Attention of every layer of a step (MLA prefill's up projection of cached context included)."""
+        layer = self.mla_context_up_projection(shape) if shape.prefill_seqs else 0.0
+        if not self._plain:
+            return self.rank.num_layers * layer + self._attention(shape)
+        if shape.decode_seqs:
+            layer += self.attention_time(shape.decode_context, shape.decode_context)
+        if shape.prefill_seqs:
+            layer += self.attention_time(shape.prefill_context, shape.prefill_pairs, True)
+        return self.rank.num_layers * layer
+
+    def _attention(self, shape: StepShape) -> float:
+        """Attention of all layers of a step whose layers differ (sliding-window layers: each row's
+        context capped at the window, pairs at the window per query; sinks: one more key per query).
+        A sum of contexts stands for the rows, so the cap is min(sum, rows x window): exact when every
+        row's context is past the window, or none is."""
+        rank = self.rank
+        window, sliding = rank.sliding_window, rank.sliding_layers
+        sink = 1 if rank.attention_sinks else 0
+        total = 0.0
+        if shape.decode_seqs:
+            n, context = shape.decode_seqs, shape.decode_context
+            total += (rank.num_layers - sliding) * self.attention_time(context, context + sink * n)
+            if sliding:
+                capped = min(context, n * window)
+                total += sliding * self.attention_time(capped, capped + sink * n)
+        if shape.prefill_seqs:
+            tokens, context, pairs = shape.prefill_tokens, shape.prefill_context, shape.prefill_pairs
+            total += (rank.num_layers - sliding) * self.attention_time(context, pairs + sink * tokens, True)
+            if sliding:
+                capped = min(context, tokens + shape.prefill_seqs * window)
+                total += sliding * self.attention_time(capped, min(pairs, tokens * window) + sink * tokens, True)
+        return total
 
     def _fixed(self, tokens: int, num_seqs: int) -> tuple[float, float]:
         """The parts of a step that depend only on its token and sequence counts: per layer (GEMMs,
@@ -92,22 +161,48 @@ class RooflineCost:
         layer = sum(self.gemm_time(tokens, n, k, gemm_weight_bytes(rank, name))
                     for name, n, k in rank.linear_shapes)
         if rank.is_moe:
-            layer += self.moe_time(tokens)
+            layer += self.moe_time(tokens * self.data_parallel_size) + self.all_to_all_time(tokens)
         elementwise_bytes = tokens * rank.dtype_bytes * (
             8 * rank.hidden_size + 3 * rank.ffn_intermediate_per_token
-            + 2 * (rank.num_heads + rank.num_kv_heads) * rank.head_dim) + tokens * rank.kv_bytes_per_token_per_layer
+            + 2 * rank.rotary_elements) + tokens * rank.kv_bytes_per_token_per_layer
         layer += ELEMENTWISE_KERNELS_PER_LAYER * gpu.kernel_latency + elementwise_bytes / gpu.mem_bw
         if self.all_reduce is not None:
             layer += ALL_REDUCES_PER_LAYER * self.all_reduce.time(all_reduce_bytes(rank, tokens), self.extrapolated)
         # The LM head runs on one token per sequence; sampling reads the whole vocabulary's fp32 logits.
         head = self.gemm_time(num_seqs, rank.vocab_size, rank.hidden_size)
         sampling = gpu.kernel_latency + num_seqs * self.model.vocab_size * 4 / gpu.mem_bw
-        fixed = cache[key] = (layer, head + sampling + host_overhead(gpu, gpu.step_overhead, num_seqs, tokens))
+        per_step = head + sampling + host_overhead(gpu, gpu.step_overhead, num_seqs, tokens)
+        if rank.first_dense_layers:
+            per_step += rank.first_dense_layers * self._dense_layer_delta(tokens)
+        fixed = cache[key] = (layer, per_step)
         return fixed
+
+    def _dense_layer_delta(self, tokens: int) -> float:
+        """How much longer a dense layer (before the MoE ones) takes than the MoE layer `_fixed`
+        prices every layer as: its MLP's GEMMs and SiLU in place of router, shared and routed experts."""
+        rank = self.rank
+        dense = sum(self.gemm_time(tokens, n, k, gemm_weight_bytes(rank, name))
+                    for name, n, k in rank.dense_layer_shapes)
+        moe = sum(self.gemm_time(tokens, n, k, gemm_weight_bytes(rank, name)) for name, n, k in rank.linear_shapes)
+        moe += self.moe_time(tokens * self.data_parallel_size) + self.all_to_all_time(tokens)
+        silu = 3 * tokens * rank.dtype_bytes * (rank.intermediate_size - rank.ffn_intermediate_per_token)
+        return dense - moe + silu / self.gpu.mem_bw
+
+    def mla_context_up_projection(self, shape: StepShape) -> float:
+        """MLA prefill's up projection (`kv_b`) of the cached context a chunk attends to (the chunk's
+        own tokens are in the step's GEMMs), per layer."""
+        cached = shape.prefill_context - shape.prefill_tokens
+        if not (self.rank.is_mla and cached > 0):
+            return 0.0
+        _, n, k = next(s for s in self.rank.attention_shapes if s[0] == "kv_b")
+        return self.gemm_time(cached, n, k, gemm_weight_bytes(self.rank, "kv_b"))
 
     def decode_step_times(self, num_seqs: int, contexts: np.ndarray) -> np.ndarray:
         """`step_time` of steps that decode `num_seqs` sequences whose contexts sum to each of
         `contexts`, for many steps at once: the same float operations elementwise, so the same bits."""
+        if not self._plain:
+            return np.array([self.step_time(StepShape(num_seqs, num_seqs, int(c))) for c in contexts],
+                            dtype=np.float64)
         rank, gpu = self.rank, self.gpu
         layer, per_step = self._fixed(num_seqs, num_seqs)
         attention = gpu.attn_kernel_latency + np.maximum(contexts * self._kv_bytes_per_token / gpu.attn_bw,
@@ -120,17 +215,24 @@ class RooflineCost:
         if tokens == 0:
             return 0.0
         layer, per_step = self._fixed(tokens, shape.num_seqs)
+        if prefill_seqs and self.rank.is_mla:
+            layer += self.mla_context_up_projection(shape)
+        if not self._plain:
+            return self.rank.num_layers * layer + self._attention(shape) + per_step
         if decode_seqs:
             layer += self.attention_time(shape.decode_context, shape.decode_context)
         if prefill_seqs:
-            layer += self.attention_time(shape.prefill_context, shape.prefill_pairs)
+            layer += self.attention_time(shape.prefill_context, shape.prefill_pairs, True)
         return self.rank.num_layers * layer + per_step
 
     def breakdown(self, shape: StepShape) -> dict[str, float]:
-        """Seconds per family: everything but the all-reduces as `compute`, and `collectives`."""
+        """Seconds per family: everything but the all-reduces (and expert parallelism's all-to-alls)
+        as `compute`, and `collectives`."""
         total = self.step_time(shape)
         collectives = 0.0
         if self.all_reduce is not None and shape.num_tokens:
             collectives = self.rank.num_layers * ALL_REDUCES_PER_LAYER * self.all_reduce.time(
                 all_reduce_bytes(self.rank, shape.num_tokens), Counter())
+        if shape.num_tokens:
+            collectives += self.rank.moe_layers * self.all_to_all_time(shape.num_tokens)
         return {"compute": total - collectives, "collectives": collectives}

@@ -148,6 +148,13 @@ OPTIONAL_TABLES: dict[str, tuple[str, ...]] = {
     "prefill_attention_fp8": TABLE_COLUMNS["prefill_attention"],
     "decode_attention_fp8": TABLE_COLUMNS["decode_attention"],
     "moe": ("dtype", "num_tokens", "hidden_size", "inter_size", "topk", "num_experts", "latency"),
+    # Issue 25's models (calibration/kernel_db_models.py): MLA kernels by KV dtype and heads per GPU,
+    # 4-bit and expert-parallel fused MoE, DeepEP's dispatch and combine (`op`) by tokens per GPU.
+    "mla_decode_attention": ("dtype", "batch_size", "context", "num_heads", "latency"),
+    "mla_prefill_attention": ("dtype", "batch_size", "new_tokens", "context", "num_heads", "latency"),
+    "moe_quant": ("dtype", "num_tokens", "hidden_size", "inter_size", "topk", "num_experts", "expert_parallel",
+                  "latency"),
+    "all_to_all": ("op", "num_tokens", "hidden_size", "topk", "num_experts", "latency"),
 }
 VALIDATION_COLUMNS = ("kind", "batch_size", "new_tokens", "context", "latency")
 META_KEYS = ("format", "name", "device", "memory_bytes", "datasheet_mem_bw", "datasheet_flops", "dtype", "libraries",

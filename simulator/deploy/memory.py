@@ -19,7 +19,16 @@ def activation_reserve_bytes(model: ModelSpec, max_num_batched_tokens: int, max_
         + (model.num_heads + 2 * model.num_kv_heads) * model.head_dim
         + 3 * model.ffn_intermediate_per_token)
     logits = max_num_seqs * model.vocab_size * 4
-    return max_num_batched_tokens * per_token + logits
+    return max_num_batched_tokens * per_token + logits + sliding_window_reserve_bytes(model, max_num_seqs)
+
+
+def sliding_window_reserve_bytes(model: ModelSpec, max_num_seqs: int) -> int:
+    """KV of the sliding-window layers for `max_num_seqs` sequences, each holding the whole window:
+    set aside before the blocks are counted, so that a block stands for a token of the full-attention
+    layers alone (`ModelSpec.kv_bytes_per_token`). vLLM's hybrid allocator instead draws both kinds
+    of layer from one pool and frees a sequence's blocks as they leave its window; reserving the
+    windows of a full batch is the most those blocks can take."""
+    return max_num_seqs * model.sliding_layers * model.sliding_window * model.kv_bytes_per_token_per_layer
 
 
 def check_memory_share(gpu_memory_utilization: float) -> None:

@@ -8,176 +8,15 @@ gives the slice one GPU holds under tensor parallelism, as vLLM splits it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from simulator.deploy.hf_config import ConfigFile, quant_config_beside, read_json
+from simulator.deploy.hf_config import SLIDING_ARCHITECTURES, ConfigFile, quant_config_beside, read_json
+from simulator.deploy.spec import DTYPE_BYTES, KV_CACHE_DTYPES, QUANTIZATIONS, ModelSpec
 from simulator.errors import InputError, clip
 
-DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "fp8": 1, "fp8_block": 1}
-"""Bytes per element. `fp8_block` is fp8 with per-block scales (128 x 128, as DeepSeek and Qwen ship
-it): the same bytes as per-tensor fp8, priced from its own measured kernels."""
-QUANTIZATIONS = ("fp8",)
-KV_CACHE_DTYPES = ("auto", "bfloat16", "fp8", "fp8_e4m3")
-
-
-@dataclass(frozen=True)
-class ModelSpec:
-    """A decoder-only transformer: GQA attention and a gated (SiLU) MLP in every layer, or a
-    mixture of `num_experts` gated MLPs of which each token uses `num_experts_per_tok`.
-
-    `dtype` is the activations' (the checkpoint's torch_dtype); the linear layers' weights are in
-    `weight_dtype` and the KV cache in `kv_cache_dtype` (None: `dtype`)."""
-
-    name: str
-    num_layers: int
-    hidden_size: int
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-    intermediate_size: int
-    vocab_size: int
-    dtype: str = "bfloat16"
-    max_model_len: int = 131072
-    tie_word_embeddings: bool = False
-    num_experts: int = 0
-    """Experts per MoE layer; 0 for a dense model."""
-    num_experts_per_tok: int = 0
-    moe_intermediate_size: int = 0
-    weight_dtype: str | None = None
-    kv_cache_dtype: str | None = None
-    source: str = field(default="", compare=False)
-    """Where the shapes came from."""
-
-    def __post_init__(self) -> None:
-        for name in ("num_layers", "hidden_size", "num_heads", "num_kv_heads", "head_dim",
-                     "intermediate_size", "vocab_size", "max_model_len"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise InputError(f"model {self.name!r}: {name} must be a positive integer, got {value!r}")
-        for name in ("dtype", "weight_dtype", "kv_cache_dtype"):
-            value = getattr(self, name)
-            if value is not None and value not in DTYPE_BYTES:
-                raise InputError(f"model {self.name!r}: unknown {name} {value!r} (known: {', '.join(DTYPE_BYTES)})")
-        if self.num_heads % self.num_kv_heads:
-            raise InputError(f"model {self.name!r}: {self.num_heads} heads do not divide into "
-                             f"{self.num_kv_heads} KV heads")
-        moe = (self.num_experts, self.num_experts_per_tok, self.moe_intermediate_size)
-        if any(moe) and not (all(v >= 1 for v in moe) and self.num_experts_per_tok <= self.num_experts):
-            raise InputError(f"model {self.name!r}: a mixture of experts needs num_experts >= num_experts_per_tok "
-                             f">= 1 and moe_intermediate_size >= 1, got {moe}")
-
-    @property
-    def is_moe(self) -> bool:
-        return self.num_experts > 0
-
-    @property
-    def dtype_bytes(self) -> int:
-        """Bytes per activation element."""
-        return DTYPE_BYTES[self.dtype]
-
-    @property
-    def weight_dtype_bytes(self) -> int:
-        return DTYPE_BYTES[self.weight_dtype or self.dtype]
-
-    @property
-    def kv_dtype_bytes(self) -> int:
-        return DTYPE_BYTES[self.kv_cache_dtype or self.dtype]
-
-    @property
-    def linear_shapes(self) -> tuple[tuple[str, int, int], ...]:
-        """Per-layer GEMMs as (name, n, k): output features by input features. A MoE layer's
-        experts are not GEMMs of the step's tokens (see `expert_params`); its router is."""
-        q_size = self.num_heads * self.head_dim
-        kv_size = self.num_kv_heads * self.head_dim
-        attention = (("qkv", q_size + 2 * kv_size, self.hidden_size), ("attn_out", self.hidden_size, q_size))
-        if self.is_moe:
-            return (*attention, ("router", self.num_experts, self.hidden_size))
-        return (*attention, ("gate_up", 2 * self.intermediate_size, self.hidden_size),
-                ("down", self.hidden_size, self.intermediate_size))
-
-    @property
-    def ffn_intermediate_per_token(self) -> int:
-        """Gated-MLP width one token computes: the dense MLP's, or its experts' together."""
-        return self.num_experts_per_tok * self.moe_intermediate_size if self.is_moe else self.intermediate_size
-
-    @property
-    def expert_params(self) -> int:
-        """Weights of one expert (gate, up and down projections)."""
-        return 3 * self.hidden_size * self.moe_intermediate_size
-
-    def _quantized_params(self) -> int:
-        """Parameters stored in `weight_dtype`: the linear layers and experts. The router, norms,
-        embeddings and LM head stay in `dtype`, as vLLM's fp8 keeps them."""
-        per_layer = sum(n * k for name, n, k in self.linear_shapes if name != "router")
-        return self.num_layers * (per_layer + self.num_experts * self.expert_params)
-
-    @property
-    def num_params(self) -> int:
-        per_layer = (sum(n * k for _, n, k in self.linear_shapes) + self.num_experts * self.expert_params
-                     + 2 * self.hidden_size)
-        embeddings = self.vocab_size * self.hidden_size
-        lm_head = 0 if self.tie_word_embeddings else embeddings
-        return self.num_layers * per_layer + embeddings + lm_head + self.hidden_size
-
-    @property
-    def active_params(self) -> int:
-        """Parameters one token computes with: all but the experts it is not routed to."""
-        unused = self.num_layers * (self.num_experts - self.num_experts_per_tok) * self.expert_params
-        return self.num_params - unused
-
-    @property
-    def weight_bytes(self) -> int:
-        """Bytes the weights occupy in GPU memory."""
-        quantized = self._quantized_params()
-        return quantized * self.weight_dtype_bytes + (self.num_params - quantized) * self.dtype_bytes
-
-    @property
-    def weight_bytes_per_step(self) -> int:
-        """Bytes of weights one forward pass reads: everything but the embedding table, which is
-        gathered row by row (unless it doubles as the LM head)."""
-        if self.tie_word_embeddings:
-            return self.weight_bytes
-        return self.weight_bytes - self.vocab_size * self.hidden_size * self.dtype_bytes
-
-    @property
-    def kv_bytes_per_token_per_layer(self) -> int:
-        return 2 * self.num_kv_heads * self.head_dim * self.kv_dtype_bytes
-
-    @property
-    def kv_bytes_per_token(self) -> int:
-        """Keys and values of one token across all layers (128 KiB for Llama-3.1-8B in bf16)."""
-        return self.num_layers * self.kv_bytes_per_token_per_layer
-
-    def deployed(self, quantization: str | None, kv_cache_dtype: str) -> ModelSpec:
-        """The model as a run serves it: `--quantization fp8` stores the linear layers' weights in
-        fp8 (a checkpoint that already is fp8 stays so); `--kv-cache-dtype` sets the KV cache's."""
-        weights = self.weight_dtype
-        if quantization == "fp8" and weights not in ("fp8", "fp8_block"):
-            weights = "fp8"
-        kv = {"auto": self.kv_cache_dtype, "fp8_e4m3": "fp8"}.get(kv_cache_dtype, kv_cache_dtype)
-        return replace(self, weight_dtype=weights, kv_cache_dtype=kv)
-
-    def shard(self, tensor_parallel_size: int) -> ModelSpec:
-        """The slice of the model one GPU holds under vLLM's tensor parallelism: query heads, the
-        MLP's (and every expert's) intermediate and the vocabulary split N ways; KV heads split too,
-        or replicated, one per GPU, when there are fewer than N; norms and the router replicated."""
-        tp = tensor_parallel_size
-        if tp == 1:
-            return self
-        for name in ("num_heads", "intermediate_size", "moe_intermediate_size"):
-            if getattr(self, name) % tp:
-                raise InputError(f"--tensor-parallel-size {tp} does not divide {self.name}'s {name} "
-                                 f"{getattr(self, name)}")
-        if self.num_kv_heads % tp and tp % self.num_kv_heads:
-            raise InputError(f"--tensor-parallel-size {tp} neither divides nor is a multiple of {self.name}'s "
-                             f"{self.num_kv_heads} KV heads")
-        return replace(self, num_heads=self.num_heads // tp, num_kv_heads=max(1, self.num_kv_heads // tp),
-                       intermediate_size=self.intermediate_size // tp,
-                       moe_intermediate_size=self.moe_intermediate_size // tp,
-                       vocab_size=-(-self.vocab_size // tp))
-
+__all__ = ["BUILTIN_MODELS", "DTYPE_BYTES", "KV_CACHE_DTYPES", "QUANTIZATIONS", "ModelSpec", "from_hf_config",
+           "load_model"]
 
 def _from_reference(file: str) -> str:
     return (f"Hugging Face {file.replace('--', '/')} config.json, as aiconfigurator (ai-dynamo/aiconfigurator, "
@@ -211,20 +50,55 @@ MIXTRAL_8X7B = ModelSpec(
     intermediate_size=14336, vocab_size=32000, max_model_len=32768, num_experts=8, num_experts_per_tok=2,
     moe_intermediate_size=14336, source=_from_reference("mistralai--Mixtral-8x7B-v0.1"))
 
+def _from_hf(file: str) -> str:
+    return f"Hugging Face {file.replace('--', '/')} config.json; ../shared/reference/models/"
+
+
+# The models most deployments serve in 2026: MLA with shared experts and dense first layers in fp8 blocks
+# (DeepSeek), the same with int4 routed experts (Kimi-K2.5, its text model), sliding-window layers with
+# sinks and mxfp4 experts (gpt-oss), GQA with 256 fp8-block experts (MiniMax).
+_DEEPSEEK_V3_SHAPES = dict(
+    num_layers=61, hidden_size=7168, num_heads=128, num_kv_heads=128, head_dim=192, intermediate_size=18432,
+    vocab_size=129280, max_model_len=163840, num_experts=256, num_experts_per_tok=8, moe_intermediate_size=2048,
+    weight_dtype="fp8_block", kv_lora_rank=512, q_lora_rank=1536, qk_rope_head_dim=64, v_head_dim=128,
+    first_dense_layers=3, shared_expert_intermediate_size=2048)
+DEEPSEEK_V3 = ModelSpec(name="deepseek-v3", **_DEEPSEEK_V3_SHAPES, source=_from_hf("deepseek-ai--DeepSeek-V3"))  # type: ignore[arg-type]
+DEEPSEEK_R1 = ModelSpec(name="deepseek-r1", **_DEEPSEEK_V3_SHAPES, source=_from_hf("deepseek-ai--DeepSeek-R1"))  # type: ignore[arg-type]
+KIMI_K2_5 = ModelSpec(
+    name="kimi-k2.5", num_layers=61, hidden_size=7168, num_heads=64, num_kv_heads=64, head_dim=192,
+    intermediate_size=18432, vocab_size=163840, max_model_len=262144, num_experts=384, num_experts_per_tok=8,
+    moe_intermediate_size=2048, kv_lora_rank=512, q_lora_rank=1536, qk_rope_head_dim=64, v_head_dim=128,
+    first_dense_layers=1, shared_expert_intermediate_size=2048, expert_dtype="int4",
+    source=_from_hf("moonshotai--Kimi-K2.5") + " (its text_config)")
+GPT_OSS_120B = ModelSpec(
+    name="gpt-oss-120b", num_layers=36, hidden_size=2880, num_heads=64, num_kv_heads=8, head_dim=64,
+    intermediate_size=2880, vocab_size=201088, num_experts=128, num_experts_per_tok=4, moe_intermediate_size=2880,
+    expert_dtype="mxfp4", sliding_window=128, sliding_layers=18, attention_sinks=True,
+    source=_from_hf("openai--gpt-oss-120b"))
+MINIMAX_M2_5 = ModelSpec(
+    name="minimax-m2.5", num_layers=62, hidden_size=3072, num_heads=48, num_kv_heads=8, head_dim=128,
+    intermediate_size=1536, vocab_size=200064, max_model_len=196608, num_experts=256, num_experts_per_tok=8,
+    moe_intermediate_size=1536, weight_dtype="fp8_block", source=_from_hf("MiniMaxAI--MiniMax-M2.5"))
+
 # A model small enough to run layer by layer on a CPU in seconds (calibration tests).
 TINY = ModelSpec(
     name="tiny", num_layers=2, hidden_size=256, num_heads=4, num_kv_heads=2, head_dim=64,
     intermediate_size=512, vocab_size=1024, dtype="float32", max_model_len=4096, source="servesim's test model")
 
 BUILTIN_MODELS = {spec.name: spec for spec in (LLAMA_3_1_8B, LLAMA_3_1_70B, LLAMA_3_1_405B, QWEN3_32B, QWEN3_30B_A3B,
-                                               MIXTRAL_8X7B, TINY)}
+                                               MIXTRAL_8X7B, DEEPSEEK_V3, DEEPSEEK_R1, KIMI_K2_5, GPT_OSS_120B,
+                                               MINIMAX_M2_5, TINY)}
 
 
 def from_hf_config(path: Path) -> ModelSpec:
     """Read a Hugging Face `config.json` of a supported architecture (and, beside it, modelopt's
-    `hf_quant_config.json` if there is one)."""
-    config = ConfigFile(path, read_json(path, "model config"))
-    config.refuse_unsupported()
+    `hf_quant_config.json` if there is one). A multimodal wrapper (a `text_config` inside, as
+    Kimi-K2.5's) is read as its text model; the vision tower is not counted."""
+    data = read_json(path, "model config")
+    if isinstance(data.get("text_config"), dict):
+        data = data["text_config"] | {"tie_word_embeddings": data.get("tie_word_embeddings")}
+    config = ConfigFile(path, data)
+    architecture = config.architecture()
     quant_path = quant_config_beside(path)
     quant = read_json(quant_path, "quantization config") if quant_path and quant_path.is_file() else None
     num_layers = config.positive_int("num_hidden_layers")
@@ -233,16 +107,21 @@ def from_hf_config(path: Path) -> ModelSpec:
     intermediate = config.positive_int("intermediate_size")
     if "head_dim" not in config.data and hidden % num_heads:
         config.fail(f"hidden_size {hidden} does not divide into num_attention_heads {num_heads} (give head_dim)")
-    experts_key = "num_local_experts" if "num_local_experts" in config.data else "num_experts"
+    experts_key = next((k for k in ("num_local_experts", "n_routed_experts") if k in config.data), "num_experts")
     num_experts = config.positive_int(experts_key, 0) if config.data.get(experts_key) else 0
-    experts_per_tok = moe_intermediate = 0
+    experts_per_tok = moe_intermediate = shared = 0
     if num_experts:
         experts_per_tok = config.positive_int("num_experts_per_tok")
         moe_intermediate = config.positive_int("moe_intermediate_size", intermediate)
+        shared = config.count("n_shared_experts") * moe_intermediate + config.count("shared_intermediate_size")
     dtype = config.text("torch_dtype", config.text("dtype", "bfloat16"))
     if dtype not in ("bfloat16", "float16", "float32"):
         config.fail(f"torch_dtype {clip(repr(dtype))} is not one of bfloat16, float16, float32")
     name = Path(config.text("_name_or_path", "")).name or (path.name.endswith("config.json") and path.parent.name)
+    weight_dtype, expert_dtype = config.weight_dtypes(quant)
+    if expert_dtype is not None and not num_experts:
+        config.fail(f"quantization_config quantizes experts ({expert_dtype}) of a model without experts")
+    sliding_layers, window = config.sliding_layers(num_layers) if architecture in SLIDING_ARCHITECTURES else (0, 0)
     shapes: dict[str, Any] = dict(
         name=name or path.stem,
         num_layers=num_layers,
@@ -255,12 +134,23 @@ def from_hf_config(path: Path) -> ModelSpec:
         dtype=dtype,
         max_model_len=config.positive_int("max_position_embeddings", 131072),
         tie_word_embeddings=config.flag("tie_word_embeddings", False),
-        weight_dtype=config.weight_dtype(quant),
+        weight_dtype=weight_dtype,
+        expert_dtype=expert_dtype,
         num_experts=num_experts,
         num_experts_per_tok=experts_per_tok,
         moe_intermediate_size=moe_intermediate,
+        shared_expert_intermediate_size=shared,
+        first_dense_layers=config.count("first_k_dense_replace") if num_experts else 0,
+        sliding_layers=sliding_layers,
+        sliding_window=window,
+        attention_sinks=architecture in SLIDING_ARCHITECTURES,
         source=str(path),
     )
+    if config.count("kv_lora_rank"):
+        rope = config.positive_int("qk_rope_head_dim")
+        shapes |= dict(kv_lora_rank=config.positive_int("kv_lora_rank"), q_lora_rank=config.count("q_lora_rank"),
+                       qk_rope_head_dim=rope, head_dim=config.positive_int("qk_nope_head_dim") + rope,
+                       v_head_dim=config.positive_int("v_head_dim"), num_kv_heads=num_heads)
     try:
         return ModelSpec(**shapes)
     except InputError as exc:  # shapes that do not fit together: say which file holds them

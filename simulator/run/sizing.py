@@ -10,6 +10,7 @@ from simulator.config import RunConfig
 from simulator.deploy.hardware import GpuSpec
 from simulator.deploy.memory import activation_reserve_bytes, check_weights_fit, kv_capacity_blocks
 from simulator.deploy.model import ModelSpec
+from simulator.deploy.spec import check_data_parallel
 from simulator.engine.step import Policy
 from simulator.errors import InputError
 from workloads import Workload
@@ -23,8 +24,12 @@ def step_activation_bytes(config: RunConfig, model: ModelSpec, longest_prompt: i
 
 
 def gpu_shard(config: RunConfig, model: ModelSpec) -> ModelSpec:
-    """What one GPU holds: the model in the run's dtypes, split --tensor-parallel-size ways."""
-    return model.deployed(config.quantization, config.kv_cache_dtype).shard(config.tensor_parallel_size)
+    """What one GPU holds: the model in the run's dtypes, split --tensor-parallel-size ways (and its
+    experts spread under --enable-expert-parallel)."""
+    tp = config.tensor_parallel_size
+    check_data_parallel(config.data_parallel_size, config.enable_expert_parallel, config.num_replicas)
+    ep = model.expert_parallel_size(tp, config.data_parallel_size, config.enable_expert_parallel)
+    return model.deployed(config.quantization, config.kv_cache_dtype).shard(tp, ep)
 
 
 def kv_cache_blocks(config: RunConfig, model: ModelSpec, gpu: GpuSpec, longest_prompt: int) -> int:
