@@ -114,7 +114,10 @@ def aiperf_reading(where: str, data: dict[str, Any], settings: Any, resolver: Mo
     if not (isinstance(names, list) and names and isinstance(names[0], str)):
         raise InputError(f"{where}: input_config.endpoint.model_names must be a list of model names, "
                          f"got {clip(repr(names))}")
-    concurrency, rate, burstiness = load(loadgen, where)
+    try:
+        concurrency, rate, burstiness = load(loadgen, where)
+    except Unmappable as skip:
+        return Reading(skipped=[(where, skip.reason)])
     warmup = loadgen.get("warmup_request_count", 0)
     warmup = 0 if warmup == 0 else positive_int(warmup, "loadgen.warmup_request_count", where, MAX_REQUESTS)
     count = positive_int(round(number(data, "request_count", "avg", where)), "request_count", where, MAX_REQUESTS)
