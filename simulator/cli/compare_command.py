@@ -72,7 +72,7 @@ def print_skips(skipped: list[tuple[str, str]], total: int) -> None:
 def print_notes(notes: dict[str, int]) -> None:
     """The cost model's notes (shapes past its measured tables), once each, with how many rows met them."""
     if notes:
-        click.echo(f"\npriced past the measured kernel tables (by roofline) in {max(notes.values())} row(s) at most:")
+        click.echo("\nshapes past the measured kernel tables, priced by roofline (rows that met each):")
         for note, count in sorted(notes.items(), key=lambda item: (-item[1], item[0]))[:NOTES_SHOWN]:
             click.echo(f"  {count:>6}  {note.removeprefix('measured cost extrapolated by roofline: ')}")
         if len(notes) > NOTES_SHOWN:
