@@ -24,22 +24,8 @@ from typing import Any
 
 from simulator.deploy.resolve import ModelResolver
 from simulator.errors import InputError, clip
-from simulator.sim2real.points import (
-    BURSTINESS,
-    MAX_CONCURRENCY,
-    MAX_MS,
-    MAX_RATE,
-    MAX_REQUESTS,
-    MAX_TOKENS,
-    MIN_RATE,
-    MeasuredPoint,
-    Reading,
-    Unmappable,
-    positive_float,
-    positive_int,
-    read_json_object,
-)
-from simulator.sim2real.silicon import resolve
+from simulator.sim2real import points as limits
+from simulator.sim2real.points import Reading, Unmappable, one_run, positive_float, positive_int, read_json_object
 
 JSON_NAME = "profile_export_aiperf.json"
 TIMES = {"time_to_first_token": "ttft", "inter_token_latency": "tpot", "request_latency": "e2el"}
@@ -119,9 +105,10 @@ def aiperf_reading(where: str, data: dict[str, Any], settings: Any, resolver: Mo
     except Unmappable as skip:
         return Reading(skipped=[(where, skip.reason)])
     warmup = loadgen.get("warmup_request_count", 0)
-    warmup = 0 if warmup == 0 else positive_int(warmup, "loadgen.warmup_request_count", where, MAX_REQUESTS)
-    count = positive_int(round(number(data, "request_count", "avg", where)), "request_count", where, MAX_REQUESTS)
-    lengths = [positive_int(max(1, round(number(data, tag, "avg", where))), tag, where, MAX_TOKENS)
+    warmup = 0 if warmup == 0 else positive_int(warmup, "loadgen.warmup_request_count", where, limits.MAX_REQUESTS)
+    count = round(number(data, "request_count", "avg", where))
+    count = positive_int(count, "request_count", where, limits.MAX_REQUESTS)
+    lengths = [positive_int(max(1, round(number(data, tag, "avg", where))), tag, where, limits.MAX_TOKENS)
                for tag in ("input_sequence_length", "output_sequence_length")]
     measured: dict[str, float] = {}
     for tag, metric in TIMES.items():
@@ -133,19 +120,9 @@ def aiperf_reading(where: str, data: dict[str, Any], settings: Any, resolver: Mo
                          for key, stat in STATS.items() if data[tag].get(key) is not None}
     measured |= {name: number(data, tag, "avg", where) for tag, name in RATES.items()
                  if isinstance(data.get(tag), dict)}
-    if model is not None:
-        model_name = group = model
-    else:
-        try:
-            resolved = resolve(resolver, names[0])
-        except Unmappable as skip:
-            return Reading(skipped=[(where, skip.reason)])
-        model_name, group = resolved.model, resolved.name
-    point = MeasuredPoint(
-        name=where, group=group, model=model_name, gpu="", tensor_parallel_size=1, quantization=None,
-        num_requests=count, warmup=warmup, concurrency=concurrency, rate=rate, burstiness=burstiness,
-        input_lens=(lengths[0],), output_lens=(lengths[1],), measured=measured)
-    return Reading(points=[point])
+    return one_run(where, names[0], model, resolver, num_requests=count, warmup=warmup, concurrency=concurrency,
+                   rate=rate, burstiness=burstiness, input_lens=(lengths[0],), output_lens=(lengths[1],),
+                   measured=measured)
 
 
 def section(settings: dict[str, Any], name: str, where: str) -> dict[str, Any]:
@@ -160,15 +137,15 @@ def load(loadgen: dict[str, Any], where: str) -> tuple[int | None, float | None,
     concurrency, rate = loadgen.get("concurrency"), loadgen.get("request_rate")
     if rate is None:
         given = 1 if concurrency is None else concurrency
-        return positive_int(given, "loadgen.concurrency", where, MAX_CONCURRENCY), None, 1.0
+        return positive_int(given, "loadgen.concurrency", where, limits.MAX_CONCURRENCY), None, 1.0
     if concurrency is not None:
         raise Unmappable("a request rate held to a concurrency (servesim runs one or the other)")
     mode = loadgen.get("request_rate_mode", "poisson")
     if mode not in ("poisson", "constant"):
         raise InputError(f"{where}: loadgen.request_rate_mode {clip(repr(mode))} is not poisson nor constant")
     # Constant arrivals: the gamma of the largest shape taken (a coefficient of variation of 3%).
-    burstiness = 1.0 if mode == "poisson" else BURSTINESS[1]
-    return None, positive_float(rate, "loadgen.request_rate", where, MAX_RATE, MIN_RATE), burstiness
+    burstiness = 1.0 if mode == "poisson" else limits.BURSTINESS[1]
+    return None, positive_float(rate, "loadgen.request_rate", where, limits.MAX_RATE, limits.MIN_RATE), burstiness
 
 
 def number(data: dict[str, Any], tag: str, key: str, where: str) -> float:
@@ -178,6 +155,6 @@ def number(data: dict[str, Any], tag: str, key: str, where: str) -> float:
         result = float(value) if isinstance(value, str) else value
     except ValueError:
         result = None
-    if isinstance(result, bool) or not isinstance(result, (int, float)) or not 0 <= result <= MAX_MS * 1e6:
+    if isinstance(result, bool) or not isinstance(result, (int, float)) or not 0 <= result <= limits.MAX_MS * 1e6:
         raise InputError(f"{where}: {tag}.{key} must be a number >= 0, got {clip(repr(value))}")
     return float(result)

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from simulator.deploy.hardware import available_gpus
+from simulator.deploy.resolve import ModelResolver, Resolved
 from simulator.errors import InputError, clip
 
 BACKENDS = ("vllm", "sglang", "trtllm")
@@ -177,3 +178,30 @@ def read_json_object(path: Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise InputError(f"{path.name} is not a vllm bench serve result nor an aiperf export (not a JSON object)")
     return data
+
+
+def resolve(resolver: ModelResolver, model_path: str) -> Resolved:
+    """The row's model; one servesim cannot find or price is unmappable, naming the field that stops it."""
+    try:
+        return resolver.resolve(model_path)
+    except InputError as exc:
+        message = re.sub(r" \(supported: [^)]*\)$", "", re.sub(r"^model config '[^']*': ", "", str(exc)))
+        if message.startswith("model "):
+            raise Unmappable(message) from None
+        raise Unmappable(f"model {clip(repr(model_path.strip()))}: {message}") from None
+
+
+def one_run(where: str, model_id: str, model: str | None, resolver: ModelResolver, **fields: Any) -> Reading:
+    """The reading of a file of one benchmark run (vLLM, aiperf), which does not record its GPU nor
+    its parallelism: one point of `model` (a servesim model) if given, else of `model_id` resolved,
+    or its skip where that model is one servesim cannot find or price."""
+    if model is not None:
+        name = group = model
+    else:
+        try:
+            resolved = resolve(resolver, model_id)
+        except Unmappable as skip:
+            return Reading(skipped=[(where, skip.reason)])
+        name, group = resolved.model, resolved.name
+    return Reading(points=[MeasuredPoint(name=where, group=group, model=name, gpu="", tensor_parallel_size=1,
+                                         quantization=None, **fields)])

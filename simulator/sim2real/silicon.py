@@ -45,6 +45,7 @@ from simulator.sim2real.points import (
     positive_float,
     positive_int,
     read_text,
+    resolve,
 )
 
 COMMON = ("id", "backend", "model_path", "system", "isl", "osl", "silicon_ttft_ms", "silicon_tpot_ms")
@@ -199,17 +200,6 @@ def pool_shape(row: dict[str, str], role: str, where: str) -> PoolShape:
                                        MAX_TENSOR_PARALLEL, 1) or 1,
         moe_tp_size=optional_int(cells["moe_tp_size"], f"{role}_moe_tp_size", where, MAX_TENSOR_PARALLEL, None),
         moe_ep_size=optional_int(cells["moe_ep_size"], f"{role}_moe_ep_size", where, MAX_TENSOR_PARALLEL, 1) or 1)
-
-
-def resolve(resolver: ModelResolver, model_path: str) -> Resolved:
-    """The row's model; one servesim cannot find or price is unmappable, naming the field that stops it."""
-    try:
-        return resolver.resolve(model_path)
-    except InputError as exc:
-        message = re.sub(r" \(supported: [^)]*\)$", "", re.sub(r"^model config '[^']*': ", "", str(exc)))
-        if message.startswith("model "):
-            raise Unmappable(message) from None
-        raise Unmappable(f"model {clip(repr(model_path.strip()))}: {message}") from None
 
 
 def weight_quantization(model: Resolved, precision: str, gemm: str) -> str | None:

@@ -10,10 +10,7 @@ heads) is skipped with the refusal as its reason, never failing the others.
 
 from __future__ import annotations
 
-import concurrent.futures as cf
 import logging
-import multiprocessing
-import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,7 +18,7 @@ from typing import Any
 from simulator.errors import InputError
 from simulator.sim2real.compare import DEFAULT_SCHEDULER, Scheduler, compare_point, default_profile
 from simulator.sim2real.points import MeasuredPoint
-from simulator.sweep.executors import WorkerDied, exit_with_parent
+from simulator.sweep.executors import in_workers
 
 Unit = list[MeasuredPoint]
 COST_LOG = "servesim.cost"
@@ -80,17 +77,6 @@ def run_units(units: list[Unit], profiles: dict[str, str], seed: int = 0, schedu
         for index, unit in enumerate(units):
             yield run_unit(index, unit, profiles, seed, scheduler)
         return
-    # Spawned, not forked: polars' thread pool does not survive a fork. No more workers than work.
-    pool = cf.ProcessPoolExecutor(max_workers=min(jobs, len(units)), mp_context=multiprocessing.get_context("spawn"),
-                                  initializer=exit_with_parent, initargs=(os.getpid(),))
-    try:
-        # Longest first (requests x output tokens), so the last to finish is not the one that started last.
-        order = sorted(range(len(units)), key=lambda i: -sum(p.num_requests * max(p.output_lens) for p in units[i]))
-        futures = [pool.submit(run_unit, i, units[i], profiles, seed, scheduler) for i in order]
-        for future in cf.as_completed(futures):
-            try:
-                yield future.result()
-            except cf.process.BrokenProcessPool:
-                raise WorkerDied("a worker process died (killed or out of memory)") from None
-    finally:
-        pool.shutdown(wait=True, cancel_futures=True)
+    # Longest first (requests x output tokens), so the last to finish is not the one that started last.
+    order = sorted(range(len(units)), key=lambda i: -sum(p.num_requests * max(p.output_lens) for p in units[i]))
+    yield from in_workers([(run_unit, (i, units[i], profiles, seed, scheduler)) for i in order], jobs)

@@ -24,13 +24,11 @@ from simulator.sim2real.points import (
     MIN_MS,
     MIN_RATE,
     STATS,
-    MeasuredPoint,
     Reading,
-    Unmappable,
+    one_run,
     positive_float,
     positive_int,
 )
-from simulator.sim2real.silicon import resolve
 
 VLLM_REQUIRED = ("model_id", "num_prompts", "request_rate", "burstiness", "max_concurrency", "completed",
                  "total_input_tokens", "total_output_tokens", "request_throughput", "output_throughput")
@@ -73,19 +71,9 @@ def read_vllm_result(path: Path, data: dict[str, Any], resolver: ModelResolver, 
             BURSTINESS[0] <= burstiness <= BURSTINESS[1]):
         raise InputError(f"{where}: burstiness must be a number in [{BURSTINESS[0]:g}, {BURSTINESS[1]:g}], "
                          f"got {clip(repr(burstiness))}")
-    if model is not None:
-        model_name = group = model
-    else:
-        try:
-            resolved = resolve(resolver, model_id)
-        except Unmappable as skip:
-            return Reading(skipped=[(where, skip.reason)])
-        model_name, group = resolved.model, resolved.name
-    point = MeasuredPoint(
-        name=where, group=group, model=model_name, gpu="", tensor_parallel_size=1, quantization=None,
-        num_requests=num_prompts, warmup=0, concurrency=concurrency, rate=None if concurrency else rate,
-        burstiness=float(burstiness), input_lens=input_lens, output_lens=output_lens, measured=measured)
-    return Reading(points=[point])
+    return one_run(where, model_id, model, resolver, num_requests=num_prompts, warmup=0, concurrency=concurrency,
+                   rate=None if concurrency else rate, burstiness=float(burstiness), input_lens=input_lens,
+                   output_lens=output_lens, measured=measured)
 
 
 def _ms(data: dict[str, Any], key: str, where: str) -> float:
