@@ -213,3 +213,21 @@ def test_an_aiperf_request_rate_runs_open_loop(tmp_path: Path, capsys: pytest.Ca
     (tmp_path / "profile_export_aiperf.json").write_text(json.dumps(exported))
     code, out, err = aiperf_outcome(tmp_path, "profile_export_aiperf.json", capsys)
     assert code == 2 and "a request rate held to a concurrency" in out + err
+
+
+def test_a_variant_takes_its_weights_dtype_from_the_row_and_says_so(tmp_path: Path,
+                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    row = AGG | {"model_path": "nvidia/Llama-3.1-8B-Instruct-FP8", "precision": "fp8", "tp_size": "1"}
+    path = write_csv(tmp_path / "silicon.csv", row | {"gemm_quant_mode": "fp8"}, row | {"id": "a2"})
+    code, out, err = outcome(["compare", str(path), "--out", str(tmp_path / "rows.parquet")], capsys)
+    assert code == 0, err
+    rows = pl.read_parquet(tmp_path / "rows.parquet").filter(statistic="tpot_mean")
+    assert rows["quantization"].to_list() == ["fp8", "fp8"]  # precision fp8 with no gemm mode is fp8 too
+    assert ("nvidia/Llama-3.1-8B-Instruct-FP8 -> llama-3.1-8b (built-in, as a variant of "
+            "meta-llama/meta-llama-3.1-8b; weights as the row's quant mode") in out
+    # The same base model's row without a quant mode reruns unquantized, and faster per token in fp8.
+    plain = write_csv(tmp_path / "plain.csv", row | {"precision": "", "model_path": "meta-llama/Llama-3.1-8B"})
+    code, _, err = outcome(["compare", str(plain), "--out", str(tmp_path / "plain.parquet")], capsys)
+    assert code == 0, err
+    bf16 = pl.read_parquet(tmp_path / "plain.parquet").filter(statistic="tpot_mean")
+    assert bf16["quantization"].to_list() == [""] and bf16["simulated"][0] > rows["simulated"][0]

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 import polars as pl
@@ -14,6 +15,9 @@ import polars as pl
 from simulator.cli.options import SettingType, deployment_options, setting
 from simulator.config import Range
 from simulator.errors import InputError
+
+if TYPE_CHECKING:
+    from simulator.deploy.resolve import ModelResolver
 
 
 def profile_for(gpus: tuple[str, ...]) -> dict[str, str]:
@@ -67,6 +71,18 @@ def print_skips(skipped: list[tuple[str, str]], total: int) -> None:
     click.echo(f"\nskipped {len(skipped)} of {total} rows (--strict makes a skip an error):")
     for reason, count in sorted(counts.items(), key=lambda item: (-item[1], item[0])):
         click.echo(f"  {count:>6}  {reason}")
+
+
+def print_models(resolver: ModelResolver) -> None:
+    """How each model id was resolved, and from where."""
+    models = resolver.resolved()
+    if models:
+        click.echo("\nmodels:")
+        for found in models:
+            dtype = ("weights as the row's quant mode or --quantization says" if found.variant
+                     else f"its config: {found.weight_dtype} weights" if found.weight_dtype
+                     else "its config: unquantized weights, fp8 where a row's quant mode says so")
+            click.echo(f"  {found.hub_id} -> {found.name} ({found.found}; {dtype})")
 
 
 def print_notes(notes: dict[str, int]) -> None:
@@ -168,6 +184,7 @@ def compare_command(results: tuple[Path, ...], gpu: tuple[str, ...], tensor_para
         click.echo("\nmedian |error|:")
         for r in table.iter_rows(named=True):
             click.echo(f"  {r['group']:<30}{r['statistic']:<22}{r['median_abs_error']:>8.1%}  ({r['points']} points)")
+    print_models(resolver)
     print_notes(notes)
     print_skips(skipped, total)
     if not rows.height:

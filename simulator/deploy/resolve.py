@@ -23,7 +23,6 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass
-from functools import cache
 from pathlib import Path
 
 from simulator.deploy.model import BUILTIN_MODELS, load_model
@@ -115,15 +114,28 @@ class ModelResolver:
         if models_dir is not None:
             self.places.append((f"--models {models_dir}", {k: str(v) for k, v in _folder_configs(models_dir).items()}))
         cache_dir = hf_cache() if cache_dir is None else cache_dir
+        self.found: dict[str, Resolved | InputError] = {}
         self.places.append((f"Hugging Face cache {cache_dir}",
                             {k: str(v) for k, v in _cache_configs(cache_dir).items()}))
 
     def resolve(self, hub_id: str) -> Resolved:
         """The model of `hub_id`; `ModelNotFound` where no place has it, `InputError` (naming the field)
-        where its config is one servesim cannot price."""
-        return self._resolve(hub_id.strip())
+        where its config is one servesim cannot price. Each id is looked up once."""
+        hub_id = hub_id.strip()
+        if hub_id not in self.found:
+            try:
+                self.found[hub_id] = self._resolve(hub_id)
+            except InputError as exc:
+                self.found[hub_id] = exc
+        found = self.found[hub_id]
+        if isinstance(found, InputError):
+            raise found
+        return found
 
-    @cache  # noqa: B019 - one resolver per command; its configs are read once
+    def resolved(self) -> list[Resolved]:
+        """Every id resolved so far, in the order first asked."""
+        return [found for found in self.found.values() if isinstance(found, Resolved)]
+
     def _resolve(self, hub_id: str) -> Resolved:
         wanted = hub_id.lower()
         for place, models in self.places:
