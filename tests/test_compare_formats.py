@@ -231,3 +231,19 @@ def test_a_variant_takes_its_weights_dtype_from_the_row_and_says_so(tmp_path: Pa
     assert code == 0, err
     bf16 = pl.read_parquet(tmp_path / "plain.parquet").filter(statistic="tpot_mean")
     assert bf16["quantization"].to_list() == [""] and bf16["simulated"][0] > rows["simulated"][0]
+
+
+def test_a_row_the_rerun_refuses_is_skipped_with_the_refusal(tmp_path: Path,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    from test_compare import ROW
+
+    # Llama-3.1-70B's bf16 weights (141 GB) on one 80 GB H100: refused when the rerun sizes the server.
+    path = write_csv(tmp_path / "silicon.csv", ROW, ROW | {"id": "big", "model_path": "meta-llama/Meta-Llama-3.1-70B",
+                                                          "tp_size": "1"})
+    code, out, err = outcome(["compare", str(path), "--jobs", "2", "--out", str(tmp_path / "rows.parquet")], capsys)
+    assert code == 0, err
+    assert re.search(r"^\s+1  llama-3.1-70b's weights \(bfloat16\) need 141.1 GB per GPU", out, re.MULTILINE), out
+    assert pl.read_parquet(tmp_path / "rows.parquet")["point"].unique().to_list() == ["r1"]
+    code, out, err = outcome(["compare", str(path), "--strict", "--out", str(tmp_path / "strict.parquet")], capsys)
+    assert code == 2 and err.startswith("error: big: cannot be rerun (--strict): llama-3.1-70b's weights")
+    assert not (tmp_path / "strict.parquet").exists()
