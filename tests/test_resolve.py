@@ -63,6 +63,8 @@ def test_the_hugging_face_cache_is_searched_newest_snapshot_first(tmp_path: Path
     repo = tmp_path / "home" / "hub" / "models--acme--Tiny-1B"
     config(repo / "snapshots" / "aaa" / "config.json", num_hidden_layers=3)
     newest = config(repo / "snapshots" / "bbb" / "config.json", num_hidden_layers=5)
+    (repo / "snapshots" / "ccc").mkdir()
+    (repo / "snapshots" / "ccc" / "config.json").symlink_to(repo / "blobs" / "gone")  # a blob deleted
     monkeypatch.setenv("HF_HOME", str(tmp_path / "home"))
     monkeypatch.delenv("HF_HUB_CACHE", raising=False)
     found = ModelResolver().resolve("acme/Tiny-1B")

@@ -96,7 +96,9 @@ def _cache_configs(cache_dir: Path) -> dict[str, Path]:
     if not cache_dir.is_dir():
         return found
     for repo in sorted(cache_dir.glob("models--*--*")):
-        configs = sorted(repo.glob("snapshots/*/config.json"), key=lambda p: p.stat().st_mtime)
+        # A snapshot's files are links into the cache's blobs: one whose blob is gone is no config.
+        configs = sorted((p for p in repo.glob("snapshots/*/config.json") if p.is_file()),
+                         key=lambda p: p.stat().st_mtime)
         if configs:
             found[repo.name.removeprefix("models--").replace("--", "/", 1).lower()] = configs[-1]
     return found
