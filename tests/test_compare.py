@@ -4,6 +4,7 @@ closed loop, client time), every field checked, every row rerun, errors with the
 from __future__ import annotations
 
 import csv
+import re
 from pathlib import Path
 
 import numpy as np
@@ -92,16 +93,42 @@ def test_a_fleet_is_rerun_as_the_client_sent_it() -> None:
 
 @pytest.mark.parametrize(("field", "value", "named"), [
     ("concurrency", "-4", "'-4'"), ("isl", "1e3", "'1e3'"), ("silicon_ttft_ms", "nan", "nan"),
-    ("silicon_tpot_ms", "fast", "'fast'"), ("model_path", "acme/Unknown-7B", "'acme/Unknown-7B'"),
-    ("system", "b200", "'b200'"), ("gemm_quant_mode", "fp8_block", "'fp8_block'"), ("backend", "trtllm", "'trtllm'"),
-    ("tp_size", "0", "'0'"),
+    ("silicon_tpot_ms", "fast", "'fast'"), ("tp_size", "0", "'0'"),
 ])
-def test_a_bad_field_is_one_line_naming_it(tmp_path: Path, capsys: pytest.CaptureFixture[str], field: str,
-                                           value: str, named: str) -> None:
+def test_a_malformed_field_is_one_line_naming_it(tmp_path: Path, capsys: pytest.CaptureFixture[str], field: str,
+                                                 value: str, named: str) -> None:
     path = write_csv(tmp_path / "points.csv", ROW, ROW | {field: value})
     code, out, err = outcome(["compare", str(path), "--out", str(tmp_path / "rows.parquet")], capsys)
     assert code == 2 and len(err.strip().splitlines()) == 1 and "points.csv line 3" in err and named in err, err
     assert not (tmp_path / "rows.parquet").exists() and out == ""
+
+
+UNMAPPABLE = [("model_path", "acme/Unknown-7B", "model 'acme/Unknown-7B' has no config.json"),
+              ("system", "b200", "system 'b200' has no shipped GPU profile"),
+              ("gemm_quant_mode", "fp8_block", "gemm_quant_mode 'fp8_block' on a checkpoint whose config is not fp8"),
+              ("gemm_quant_mode", "nvfp4", "gemm_quant_mode 'nvfp4' (servesim prices bf16 and fp8 weights)"),
+              ("backend", "tgi", "backend 'tgi'"), ("tp_size", "3", "does not divide qwen3-32b's num_heads 64")]
+
+
+@pytest.mark.parametrize(("field", "value", "reason"), UNMAPPABLE)
+def test_a_row_servesim_cannot_express_is_skipped_and_counted(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                              field: str, value: str, reason: str) -> None:
+    path = write_csv(tmp_path / "points.csv", ROW, ROW | {field: value}, ROW | {"id": "r3", field: value})
+    code, out, err = outcome(["compare", str(path), "--out", str(tmp_path / "rows.parquet")], capsys)
+    assert code == 0, err
+    assert "skipped 2 of 3 rows" in out and re.search(rf"^\s+2  .*{re.escape(reason)}", out, re.MULTILINE), out
+    assert pl.read_parquet(tmp_path / "rows.parquet")["point"].unique().to_list() == ["r1"]
+    # --strict: the first skip is the error, naming its line; nothing written.
+    code, out, err = outcome(["compare", str(path), "--strict", "--out", str(tmp_path / "strict.parquet")], capsys)
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "points.csv line 3" in err and reason in err, err
+    assert not (tmp_path / "strict.parquet").exists()
+
+
+def test_a_file_of_nothing_but_skips_is_an_error_after_the_table(tmp_path: Path,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    path = write_csv(tmp_path / "points.csv", ROW | {"system": "b200"})
+    code, out, err = outcome(["compare", str(path)], capsys)
+    assert code == 2 and "skipped 1 of 1 rows" in out and "nothing to rerun" in err
 
 
 def test_a_table_lacking_a_column_is_refused_naming_it(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -94,7 +94,6 @@ def test_an_open_loop_result_runs_at_its_rate(tmp_path: Path, capsys: pytest.Cap
     (brief(vllm_result(num_prompts="twenty")), "'twenty'"),
     ({k: v for k, v in vllm_result().items() if k != "itls"}, "itls"),
     ({k: v for k, v in vllm_result().items() if k != "mean_ttft_ms"}, "mean_ttft_ms"),
-    (vllm_result(model_id="acme/Unknown-7B"), "'acme/Unknown-7B'"),
     (vllm_result(request_rate=3.0), "max_concurrency 4"),
     (vllm_result(p99_ttft_ms=-1.0), "p99_ttft_ms"),
     ("[1, 2]", "not a JSON object"),
@@ -113,3 +112,9 @@ def test_a_vllm_result_needs_its_gpu(tmp_path: Path, capsys: pytest.CaptureFixtu
     codes: list[int] = []
     run(["compare", str(path)], exit=codes.append)
     assert codes == [2] and "--gpu" in capsys.readouterr().err
+
+
+def test_a_model_id_found_nowhere_is_a_skip_then_an_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err, out_file = compare(tmp_path, capsys, vllm_result(model_id="acme/Unknown-7B"))
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "model 'acme/Unknown-7B' has no config.json" in err
+    assert "skipped 1 of 1 rows" in out and not out_file.exists()

@@ -201,6 +201,10 @@ def test_malformed_vllm_results(text: bytes) -> None:
         assert outcome.code == 0 or "result.json" in outcome.err, outcome
 
 
+QUOTED = ("id", "backend", "system", "model_path", "precision", "gemm_quant_mode", "moe_quant_mode")
+"""Cells a row's skip reason quotes (a backend 'nan' is the file's word, not a computed nan)."""
+
+
 @fuzz_settings(ci_examples=25)
 @given(field=st.sampled_from(sorted(SILICON_ROW)), value=st.sampled_from([str(v) for v in JSON_EDGES]),
        row=st.integers(0, 2))
@@ -211,7 +215,7 @@ def test_malformed_silicon_rows(field: str, value: str, row: int) -> None:
     rows[row][field] = value
     with tempfile.TemporaryDirectory() as scratch, in_folder(Path(scratch)) as folder:
         (folder / "points.csv").write_text("\n".join([",".join(SILICON_ROW), *(",".join(r.values()) for r in rows)]))
-        outcome = outcome_in(folder, ["compare", "points.csv"], echoes=(value,) if field == "id" else ())
+        outcome = outcome_in(folder, ["compare", "points.csv"], echoes=(value,) if field in QUOTED else ())
         if outcome.code and re.search(r"points\.csv line \d+", outcome.err):
             assert f"points.csv line {row + 2}" in outcome.err, outcome
 
@@ -253,3 +257,57 @@ def test_a_sweep_file_not_utf8_or_nested_past_recursion_is_one_line(text: bytes)
         (folder / "sweep.yaml").write_bytes(text)
         outcome = outcome_in(folder, ["sweep", "--file", "sweep.yaml", "--jobs", "1", "--out", "s.parquet"])
         assert outcome.code == 2 and "sweep.yaml" in outcome.err, outcome
+
+
+AIPERF_EXPORT = json.loads((Path(__file__).resolve().parent / "data" / "aiperf" / "profile_export_aiperf.json")
+                           .read_text())
+AIPERF_SMALL = AIPERF_EXPORT | {
+    "request_count": {"unit": "requests", "avg": 4.0},
+    "input_sequence_length": AIPERF_EXPORT["input_sequence_length"] | {"avg": 64.0},
+    "output_sequence_length": AIPERF_EXPORT["output_sequence_length"] | {"avg": 4.0},
+    "input_config": AIPERF_EXPORT["input_config"] | {"loadgen": {"concurrency": 2, "warmup_request_count": 2}}}
+"""aiperf's JSON export (tests/data/aiperf) cut to a rerun of a fraction of a second."""
+
+
+@fuzz_settings(ci_examples=25)
+@given(text=mutated_json(AIPERF_SMALL), section=st.sampled_from(["", "loadgen", "endpoint", "time_to_first_token"]))
+def test_malformed_aiperf_exports(text: bytes, section: str) -> None:
+    """A few fields of the export, or of one of its sections, changed: refused naming the file, or run."""
+    if section:
+        try:
+            inner = json.loads(text)
+        except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
+            inner = None
+        settings = dict(AIPERF_SMALL["input_config"])
+        if section == "time_to_first_token":
+            text = json.dumps(AIPERF_SMALL | {section: inner}).encode()
+        else:
+            text = json.dumps(AIPERF_SMALL | {"input_config": settings | {section: inner}}).encode()
+    with tempfile.TemporaryDirectory() as scratch, in_folder(Path(scratch)) as folder:
+        (folder / "profile_export_aiperf.json").write_bytes(text)
+        outcome = outcome_in(folder, ["compare", "profile_export_aiperf.json", "--gpu", "h100_sxm"])
+        assert outcome.code == 0 or "profile_export_aiperf.json" in outcome.err, outcome
+
+
+UPSTREAM_ROW = {"id": "u1", "silicon_data_source": "silicon_concurrency=2", "backend": "vllm", "backend_version": "",
+                "model_path": "meta-llama/Llama-3.1-8B", "system": "h100_sxm", "precision": "", "mode": "agg",
+                "isl": "64", "osl": "4", "gemm_quant_mode": "", "moe_quant_mode": "", "batch_size": "2", "tp_size": "1",
+                "pp_size": "1", "attention_dp_size": "1", "moe_tp_size": "", "moe_ep_size": "",
+                "prefill_num_workers": "1", "prefill_tp_size": "1", "decode_num_workers": "1", "decode_tp_size": "1",
+                "decode_batch_size": "2", "silicon_ttft_ms": "20", "silicon_tpot_ms": "5"}
+
+
+@fuzz_settings(ci_examples=25)
+@given(field=st.sampled_from(sorted(UPSTREAM_ROW)), value=st.sampled_from([str(v) for v in JSON_EDGES]),
+       row=st.integers(0, 2), mode=st.sampled_from(["agg", "disagg"]))
+def test_malformed_upstream_silicon_rows(field: str, value: str, row: int, mode: str) -> None:
+    """One field of one of three rows of aiconfigurator's upstream layout changed: refused naming that
+    row's line, skipped with a reason, or run."""
+    rows = [dict(UPSTREAM_ROW, mode=mode) for _ in range(3)]
+    rows[row][field] = value
+    with tempfile.TemporaryDirectory() as scratch, in_folder(Path(scratch)) as folder:
+        (folder / "points.csv").write_text("\n".join([",".join(UPSTREAM_ROW),
+                                                      *(",".join(r.values()) for r in rows)]))
+        outcome = outcome_in(folder, ["compare", "points.csv"], echoes=(value,) if field in QUOTED else ())
+        if outcome.code and re.search(r"points\.csv line \d+", outcome.err):
+            assert f"points.csv line {row + 2}" in outcome.err, outcome

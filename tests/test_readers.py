@@ -22,8 +22,13 @@ import pytest
 from simulator.deploy.hardware import load_gpu, load_profile
 from simulator.deploy.model import LLAMA_3_1_8B, load_model
 from simulator.errors import InputError
-from simulator.sim2real.measured import read_points
+from simulator.sim2real.measured import MeasuredPoint, read_measured
 from workloads import read_trace
+
+
+def read_points(path: Path) -> list[MeasuredPoint]:
+    """A results file read strictly: a row servesim cannot express is refused like a malformed one."""
+    return read_measured(path, strict=True).points
 
 MODELS = Path(__file__).resolve().parents[2] / "shared" / "reference" / "models"
 LLAMA_FILE = MODELS / "meta-llama--Meta-Llama-3.1-8B.config.json"

@@ -7,12 +7,17 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 import polars as pl
 
-from simulator.cli.options import deployment_options, setting
+from simulator.cli.options import SettingType, deployment_options, setting
+from simulator.config import Range
 from simulator.errors import InputError
+
+if TYPE_CHECKING:
+    from simulator.deploy.resolve import ModelResolver
 
 
 def profile_for(gpus: tuple[str, ...]) -> dict[str, str]:
@@ -56,27 +61,80 @@ def print_rows(rows: pl.DataFrame) -> None:
                        f"{percent(r['error']):>9}")
 
 
+def print_skips(skipped: list[tuple[str, str]], total: int) -> None:
+    """The skipped rows counted by reason, most first."""
+    if not skipped:
+        return
+    counts: dict[str, int] = {}
+    for _, reason in skipped:
+        counts[reason] = counts.get(reason, 0) + 1
+    click.echo(f"\nskipped {len(skipped)} of {total} rows (--strict makes a skip an error):")
+    for reason, count in sorted(counts.items(), key=lambda item: (-item[1], item[0])):
+        click.echo(f"  {count:>6}  {reason}")
+
+
+def print_models(resolver: ModelResolver) -> None:
+    """How each model id was resolved, and from where."""
+    models = resolver.resolved()
+    if models:
+        click.echo("\nmodels:")
+        for found in models:
+            dtype = ("weights as the row's quant mode or --quantization says" if found.variant
+                     else f"its config: {found.weight_dtype} weights" if found.weight_dtype
+                     else "its config: unquantized weights, fp8 where a row's quant mode says so")
+            click.echo(f"  {found.hub_id} -> {found.name} ({found.found}; {dtype})")
+
+
+def print_notes(notes: dict[str, int]) -> None:
+    """The cost model's notes (shapes past its measured tables), once each, with how many rows met them."""
+    if notes:
+        click.echo("\nshapes past the measured kernel tables, priced by roofline (rows that met each):")
+        for note, count in sorted(notes.items(), key=lambda item: (-item[1], item[0]))[:NOTES_SHOWN]:
+            click.echo(f"  {count:>6}  {note.removeprefix('measured cost extrapolated by roofline: ')}")
+        if len(notes) > NOTES_SHOWN:
+            click.echo(f"  ... and {len(notes) - NOTES_SHOWN} more shapes")
+
+
+NOTES_SHOWN = 5
+MAX_JOBS = 1024
+
+
 @click.command("compare")
 @click.argument("results", nargs=-1, required=True, type=click.Path(path_type=Path))
 @click.option("--gpu", multiple=True, help="Profile to rerun on (repeat for several GPUs): the first is the GPU of "
-                                            "a vLLM result (its file does not say); for a CSV, the rows measured on "
-                                            "a profile's GPU run on it [default: each row's shipped vLLM-fitted "
-                                            "profile, <gpu>_vllm].")
+                                            "a vLLM or aiperf result (its file does not say); for a CSV, the rows "
+                                            "measured on a profile's GPU run on it [default: each row's shipped "
+                                            "vLLM-fitted profile, <gpu>_vllm].")
 @deployment_options
-@click.option("--model", default=None, help="A vLLM result's model, if its model_id names none servesim knows.")
+@click.option("--model", default=None, help="A vLLM or aiperf result's model (a built-in name or a config.json), "
+                                            "if its model id resolves to none.")
+@click.option("--models", "models_dir", type=click.Path(path_type=Path), default=None,
+              help="Folder of model configs to resolve hub ids in: org--name.config.json or org/name/config.json "
+                   "[default: the built-in models and the Hugging Face cache only].")
 @setting("max_num_batched_tokens", type=int, help="The servers' token budget per step (vLLM's default on an "
                                                   "H100-class GPU).")
 @setting("max_num_seqs", type=int, help="The servers' most sequences per step (vLLM's default there).")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of arrivals and client times.")
+@click.option("--strict", is_flag=True, help="A row servesim cannot express is an error, not a skip.")
+@click.option("--jobs", type=SettingType("jobs", Range(int, 1, MAX_JOBS, "workers")), default=None,
+              help="Points rerun at once [default: all cores].")
+@click.option("--quiet", is_flag=True, help="No progress bar on stderr (there is none unless stderr is a terminal).")
 @click.option("--out", type=click.Path(path_type=Path), default=None,
               help="Write the rows (one per point and statistic) as Parquet here [default: none].")
 def compare_command(results: tuple[Path, ...], gpu: tuple[str, ...], tensor_parallel_size: int,
-                    quantization: str | None, kv_cache_dtype: str, model: str | None, max_num_batched_tokens: int,
-                    max_num_seqs: int, seed: int, out: Path | None) -> None:
-    """Rerun measured results (vLLM bench serve JSON, silicon CSV) and print measured against simulated."""
+                    quantization: str | None, kv_cache_dtype: str, model: str | None, models_dir: Path | None,
+                    max_num_batched_tokens: int, max_num_seqs: int, seed: int, strict: bool, jobs: int | None,
+                    quiet: bool, out: Path | None) -> None:
+    """Rerun measured results (silicon CSV, vLLM bench serve JSON, aiperf export) and print measured against
+    simulated; rows servesim cannot express are skipped and counted by reason."""
+    import os
+
+    from simulator.deploy.resolve import ModelResolver
     from simulator.outputs.run_folder import check_output_file, write_parquet
-    from simulator.sim2real.compare import Scheduler, compare_points, summary, with_deployment
-    from simulator.sim2real.measured import read_points
+    from simulator.progress import Bar, progress_enabled
+    from simulator.sim2real.compare import ROW_SCHEMA, Scheduler, summary, with_deployment
+    from simulator.sim2real.measured import read_measured
+    from simulator.sim2real.units import run_units, units_of
 
     if kv_cache_dtype != "auto":
         raise InputError(f"--kv-cache-dtype {kv_cache_dtype} is not replayed: the measured servers ran the "
@@ -89,21 +147,51 @@ def compare_command(results: tuple[Path, ...], gpu: tuple[str, ...], tensor_para
         raise InputError(f"--seed must be an integer >= 0, got {seed}")
     if out is not None:
         check_output_file(out, "--out")
-    points = []
+    resolver = ModelResolver(models_dir)
+    points, skipped, total = [], [], 0
     for path in results:
-        for point in read_points(path, model):
+        reading = read_measured(path, model, resolver, strict)
+        total += len(reading.points) + len(reading.skipped)
+        skipped += reading.skipped
+        for point in reading.points:
             if not point.gpu:
                 if not gpu:
-                    raise InputError(f"{path.name} is a vLLM result, which does not record its GPU: give --gpu")
+                    raise InputError(f"{path.name} does not record its GPU (a vLLM or aiperf result): give --gpu")
                 point = with_deployment(point, gpu[0], tensor_parallel_size, quantization)
             points.append(point)
-    rows = compare_points(points, profile_for(gpu), seed, Scheduler(max_num_batched_tokens, max_num_seqs))
-    print_rows(rows)
-    table = summary(rows)
-    click.echo("\nmedian |error|:")
-    for r in table.iter_rows(named=True):
-        click.echo(f"  {r['group']:<24}{r['statistic']:<22}{r['median_abs_error']:>8.1%}  ({r['points']} points)")
+    units = units_of(points)
+    results_by_unit: dict[int, list[dict[str, object]]] = {}
+    notes: dict[str, int] = {}
+    bar = Bar(len(units), desc="compare", unit="point", enabled=progress_enabled(quiet))
+    try:
+        for done, result in enumerate(run_units(units, profile_for(gpu), seed, Scheduler(max_num_batched_tokens,
+                                                                                        max_num_seqs),
+                                                jobs if jobs is not None else len(os.sched_getaffinity(0))), 1):
+            bar.advance(done)
+            if result.skipped and strict:
+                raise InputError(f"{result.skipped[0][0]}: cannot be rerun (--strict): {result.skipped[0][1]}")
+            results_by_unit[result.index] = result.rows
+            skipped += result.skipped
+            for note in result.notes:
+                notes[note] = notes.get(note, 0) + 1
+    finally:
+        bar.close()
+    rows = pl.DataFrame([row for index in sorted(results_by_unit) for row in results_by_unit[index]],
+                        schema=ROW_SCHEMA)
+    if rows.height:
+        print_rows(rows)
+        table = summary(rows)
+        click.echo("\nmedian |error|:")
+        for r in table.iter_rows(named=True):
+            click.echo(f"  {r['group']:<30}{r['statistic']:<22}{r['median_abs_error']:>8.1%}  ({r['points']} points)")
+    print_models(resolver)
+    print_notes(notes)
+    print_skips(skipped, total)
+    if not rows.height:
+        raise InputError(f"nothing to rerun: {skipped[0][0]}: {skipped[0][1]}" if len(skipped) == 1
+                         else f"nothing to rerun: all {total} rows were skipped")
     if out is not None:
         write_parquet(rows, out, {"results": [str(p) for p in results], "gpu": list(gpu), "seed": seed,
-                                  "max_num_batched_tokens": max_num_batched_tokens, "max_num_seqs": max_num_seqs})
+                                  "max_num_batched_tokens": max_num_batched_tokens, "max_num_seqs": max_num_seqs,
+                                  "skipped": [f"{where}: {reason}" for where, reason in skipped]})
         click.echo(f"wrote {out}")

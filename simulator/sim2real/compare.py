@@ -21,8 +21,9 @@ from simulator.config import DEFAULTS, RunConfig
 from simulator.deploy.hardware import available_gpus, load_profile
 from simulator.errors import InputError
 from simulator.run.clients import ClientRun
-from simulator.sim2real.measured import MeasuredPoint
+from simulator.sim2real.points import MeasuredPoint
 from simulator.sim2real.replay import Replay, replay_workload
+from simulator.sim2real.silicon import expert_parallel_modelled
 from workloads import Workload, synthetic_workload
 
 
@@ -35,7 +36,8 @@ class Scheduler:
 
 
 DEFAULT_SCHEDULER = Scheduler()
-ROW_SCHEMA = {"point": pl.String, "group": pl.String, "gpu": pl.String, "model": pl.String,
+ROW_SCHEMA = {"point": pl.String, "group": pl.String, "backend": pl.String, "mode": pl.String, "gpu": pl.String,
+              "model": pl.String,
               "tensor_parallel_size": pl.Int64, "quantization": pl.String, "concurrency": pl.Int64,
               "rate": pl.Float64, "input_len": pl.Float64, "output_len": pl.Float64, "statistic": pl.String,
               "measured": pl.Float64, "simulated": pl.Float64, "error": pl.Float64}
@@ -59,7 +61,22 @@ def point_config(point: MeasuredPoint, gpu: str, seed: int = 0, scheduler: Sched
     return RunConfig(policy="chunked", model=point.model, gpu=gpu, cost="measured",
                      tensor_parallel_size=point.tensor_parallel_size, quantization=point.quantization,
                      input_len=point.input_lens[0], output_len=point.output_lens[0], seed=seed,
-                     max_num_batched_tokens=scheduler.max_num_batched_tokens, max_num_seqs=scheduler.max_num_seqs)
+                     max_num_batched_tokens=scheduler.max_num_batched_tokens, max_num_seqs=scheduler.max_num_seqs,
+                     **deployment_settings(point))
+
+
+def deployment_settings(point: MeasuredPoint) -> dict[str, Any]:
+    """The settings beyond one server that the point's deployment needs: a disaggregated row's
+    prefill and decode pools (each worker a server of its pool's tensor parallelism), and, where
+    `RunConfig` models them, expert and attention data parallelism."""
+    settings: dict[str, Any] = {}
+    if point.mode == "disagg" and point.prefill is not None and point.decode is not None:
+        settings |= {"prefill_replicas": point.prefill.workers, "decode_replicas": point.decode.workers,
+                     "prefill_tensor_parallel_size": point.prefill.tensor_parallel_size,
+                     "decode_tensor_parallel_size": point.decode.tensor_parallel_size}
+    if expert_parallel_modelled() and (point.moe_ep_size > 1 or point.attention_dp_size > 1):
+        settings |= {"enable_expert_parallel": point.moe_ep_size > 1, "data_parallel_size": point.attention_dp_size}
+    return settings
 
 
 def point_workload(point: MeasuredPoint, seed: int = 0) -> Workload:
@@ -108,7 +125,8 @@ def compare_point(point: MeasuredPoint, gpu: str, seed: int = 0,
                   scheduler: Scheduler = DEFAULT_SCHEDULER) -> list[dict[str, Any]]:
     """One row per measured statistic of `point`, rerun on `gpu`."""
     simulated = simulated_statistics(rerun(point, gpu, seed, scheduler), set(point.measured))
-    base = {"point": point.name, "group": point.group, "gpu": gpu, "model": point.model,
+    base = {"point": point.name, "group": point.group, "backend": point.backend, "mode": point.mode, "gpu": gpu,
+            "model": point.model,
             "tensor_parallel_size": point.tensor_parallel_size, "quantization": point.quantization or "",
             "concurrency": point.concurrency, "rate": point.rate,
             "input_len": float(np.mean(point.input_lens)), "output_len": float(np.mean(point.output_lens))}
@@ -122,7 +140,8 @@ def compare_point(point: MeasuredPoint, gpu: str, seed: int = 0,
 
 def compare_points(points: list[MeasuredPoint], profiles: dict[str, str], seed: int = 0,
                    scheduler: Scheduler = DEFAULT_SCHEDULER) -> pl.DataFrame:
-    """Every point rerun on the profile its GPU maps to in `profiles` (else `default_profile`)."""
+    """Every point rerun on the profile its GPU maps to in `profiles` (else `default_profile`); a
+    point servesim refuses to rerun is an error (`simulator.sim2real.units` skips it instead)."""
     rows: list[dict[str, Any]] = []
     for point in points:
         if not point.gpu:

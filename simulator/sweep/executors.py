@@ -12,7 +12,7 @@ import multiprocessing
 import os
 import shutil
 import threading
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from pathlib import Path
 from typing import Any
 
@@ -99,12 +99,17 @@ def run_local(todo: Todo, jobs: int, tables_dir: str | None) -> Rows:
     if jobs == 1:
         yield from run_inline(todo, tables_dir)
         return
+    yield from in_workers([(run_config, (config_id, settings, tables_dir)) for config_id, settings in todo], jobs)
+
+
+def in_workers(calls: list[tuple[Callable[..., Any], tuple[Any, ...]]], jobs: int) -> Generator[Any, None, None]:
+    """Each call's result as it finishes, in at most `jobs` spawned worker processes."""
     # Spawned, not forked: polars' thread pool does not survive a fork. No more workers than work.
-    pool = cf.ProcessPoolExecutor(max_workers=max(1, min(jobs, len(todo))),
+    pool = cf.ProcessPoolExecutor(max_workers=max(1, min(jobs, len(calls))),
                                   mp_context=multiprocessing.get_context("spawn"), initializer=exit_with_parent,
                                   initargs=(os.getpid(),))
     try:
-        futures = [pool.submit(run_config, config_id, settings, tables_dir) for config_id, settings in todo]
+        futures = [pool.submit(function, *args) for function, args in calls]
         for future in cf.as_completed(futures):
             try:
                 yield future.result()

@@ -1,0 +1,217 @@
+"""aiconfigurator's silicon table: end-to-end measurements of real servers, one row per benchmark.
+
+Two layouts are read. The upstream one, every column as aiconfigurator ships it
+(`aic-core/src/aiconfigurator_core/systems/silicon_sample.csv`): `batch_size` is each attention-data-
+parallel rank's batch, `mode` is `agg` or `disagg` (then `prefill_*`/`decode_*` give each pool's
+workers, batch size and parallelism), `pp_size`, `attention_dp_size`, `moe_tp_size`, `moe_ep_size`,
+`gemm_quant_mode`, `moe_quant_mode`, and `silicon_data_source` (where and when it was measured, with
+`silicon_concurrency=N`, the client's concurrency). And the renamed one servesim was first built on
+(`concurrency`, `tp_size`, aggregated rows of vLLM).
+
+The client's concurrency is `silicon_concurrency` where the source says it; else, for an aggregated
+row, `batch_size` x `attention_dp_size`, and for a disaggregated one the decode pool's
+`decode_batch_size` x `decode_num_workers` x `decode_attention_dp_size` (the rule every row that
+says its concurrency in the reference table follows). The client ran a closed loop of that many
+clients: `concurrency` warm-up requests, then 10 x `concurrency` measured.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import re
+from dataclasses import fields
+from pathlib import Path
+
+from simulator.config import RunConfig
+from simulator.deploy.model import load_model
+from simulator.deploy.resolve import ModelResolver, Resolved
+from simulator.errors import InputError, clip
+from simulator.sim2real.points import (
+    MAX_CONCURRENCY,
+    MAX_MS,
+    MAX_TENSOR_PARALLEL,
+    MAX_TOKENS,
+    MAX_WORKERS,
+    MIN_MS,
+    MODES,
+    MeasuredPoint,
+    PoolShape,
+    Reading,
+    Unmappable,
+    map_backend,
+    map_gpu,
+    optional_int,
+    positive_float,
+    positive_int,
+    read_text,
+    resolve,
+)
+
+COMMON = ("id", "backend", "model_path", "system", "isl", "osl", "silicon_ttft_ms", "silicon_tpot_ms")
+RENAMED = ("id", "backend", "backend_version", "model_path", "system", "precision", "gemm_quant_mode", "isl", "osl",
+           "concurrency", "tp_size", "silicon_ttft_ms", "silicon_tpot_ms")
+"""The renamed layout's columns (all needed)."""
+UPSTREAM = (*COMMON, "mode", "batch_size", "tp_size")
+"""The upstream layout's columns without which no row can be read; the others default to unset."""
+POOL_FIELDS = ("batch_size", "num_workers", "tp_size", "pp_size", "attention_dp_size", "moe_tp_size", "moe_ep_size")
+BF16 = ("", "bfloat16", "bf16", "float16", "fp16")
+FP8 = ("fp8", "fp8_block")
+EXPERT_PARALLEL = "expert/data parallel attention"
+"""The skip reason of rows with attention data parallelism or expert parallelism."""
+CONCURRENCY_NOTE = re.compile(r"silicon_concurrency=([0-9]+)")
+
+
+def csv_rows(path: Path) -> tuple[list[str], list[tuple[str, dict[str, str]]]]:
+    """A CSV's header and rows, each row with where it is ("points.csv line 7": the header is line 1,
+    and a quoted cell may hold line breaks, as in an editor); blank lines skipped."""
+    reader = csv.reader(io.StringIO(read_text(path), newline=""))
+    rows = []
+    begun = 1
+    try:
+        header = next(reader, [])
+        repeated = sorted({name for name in header if header.count(name) > 1})
+        if repeated:
+            raise InputError(f"{path.name} line 1: column(s) {clip(', '.join(repeated))} given twice")
+        begun = reader.line_num + 1
+        for cells in reader:
+            if cells and len(cells) != len(header):
+                raise InputError(f"{path.name} line {begun}: {len(cells)} fields where the header has {len(header)}")
+            if cells:
+                rows.append((f"{path.name} line {begun}", dict(zip(header, cells, strict=True))))
+            begun = reader.line_num + 1
+    except csv.Error as exc:
+        raise InputError(f"{path.name} line {begun}: {clip(str(exc))}") from None
+    return header, rows
+
+
+def silicon_layout(header: list[str], path: Path) -> str:
+    """`upstream` or `renamed`; a file of neither is refused in one line naming what it lacks."""
+    layout = "upstream" if "batch_size" in header or "mode" in header else "renamed"
+    wanted: tuple[str, ...] = UPSTREAM if layout == "upstream" else RENAMED
+    missing = [c for c in wanted if c not in header]
+    if missing:
+        raise InputError(f"{str(path)!r} lacks the column(s) {', '.join(missing)} of a silicon CSV")
+    return layout
+
+
+def read_silicon_csv(path: Path, resolver: ModelResolver) -> Reading:
+    """Every row of the table as a point, or skipped with its reason."""
+    header, rows = csv_rows(path)
+    layout = silicon_layout(header, path)
+    if not rows:
+        raise InputError(f"{str(path)!r} has no rows")
+    reading = Reading()
+    for where, row in rows:
+        try:
+            reading.points.append(silicon_point(row, where, resolver, layout))
+        except Unmappable as skip:
+            reading.skipped.append((where, skip.reason))
+    return reading
+
+
+def expert_parallel_modelled() -> bool:
+    """Whether `RunConfig` can say expert parallelism and attention data parallelism."""
+    names = {f.name for f in fields(RunConfig)}
+    return {"enable_expert_parallel", "data_parallel_size"} <= names
+
+
+def silicon_point(row: dict[str, str], where: str, resolver: ModelResolver, layout: str = "upstream"
+                  ) -> MeasuredPoint:
+    """One row as a point: malformed values are an `InputError`, what servesim cannot express `Unmappable`."""
+    cell = row.get
+    isl = positive_int(row["isl"], "isl", where, MAX_TOKENS)
+    osl = positive_int(row["osl"], "osl", where, MAX_TOKENS)
+    measured = {"ttft_mean": positive_float(row["silicon_ttft_ms"], "silicon_ttft_ms", where, MAX_MS, MIN_MS) / 1e3,
+                "tpot_mean": positive_float(row["silicon_tpot_ms"], "silicon_tpot_ms", where, MAX_MS, MIN_MS) / 1e3}
+    mode = (cell("mode") or "agg").strip()
+    if mode not in MODES:
+        raise InputError(f"{where}: mode must be one of {', '.join(MODES)}, got {clip(repr(mode))}")
+    # What servesim cannot express, the model first: a row gets the first reason that applies.
+    model = resolve(resolver, row["model_path"])
+    backend = map_backend(row["backend"].strip())
+    gpu = map_gpu(row["system"].strip())
+    quantization = weight_quantization(model, cell("precision", "").strip(), cell("gemm_quant_mode", "").strip())
+    moe_quant = cell("moe_quant_mode", "").strip() or None
+    if model.moe and moe_quant not in (None, *FP8) and moe_quant != quantization:
+        raise Unmappable(f"moe_quant_mode {clip(repr(moe_quant))} (servesim prices bf16 and fp8 experts)")
+    prefill = decode = None
+    if layout == "renamed":
+        concurrency = positive_int(row["concurrency"], "concurrency", where, MAX_CONCURRENCY)
+        tp, pp, adp, moe_tp, moe_ep = positive_int(row["tp_size"], "tp_size", where, MAX_TENSOR_PARALLEL), 1, 1, None, 1
+    elif mode == "agg":
+        tp = positive_int(row["tp_size"], "tp_size", where, MAX_TENSOR_PARALLEL)
+        pp = optional_int(cell("pp_size", ""), "pp_size", where, MAX_TENSOR_PARALLEL, 1) or 1
+        adp = optional_int(cell("attention_dp_size", ""), "attention_dp_size", where, MAX_TENSOR_PARALLEL, 1) or 1
+        moe_tp = optional_int(cell("moe_tp_size", ""), "moe_tp_size", where, MAX_TENSOR_PARALLEL, None)
+        moe_ep = optional_int(cell("moe_ep_size", ""), "moe_ep_size", where, MAX_TENSOR_PARALLEL, 1) or 1
+        batch = positive_int(row["batch_size"], "batch_size", where, MAX_CONCURRENCY)
+        concurrency = noted_concurrency(cell("silicon_data_source", ""), where) or batch * adp
+    else:
+        prefill, decode = pool_shape(row, "prefill", where), pool_shape(row, "decode", where)
+        tp, pp, adp, moe_tp, moe_ep = (prefill.tensor_parallel_size, prefill.pp_size, prefill.attention_dp_size,
+                                       prefill.moe_tp_size, prefill.moe_ep_size)
+        concurrency = noted_concurrency(cell("silicon_data_source", ""), where) or 0
+        if not concurrency and decode.batch_size is None:
+            raise Unmappable("a disaggregated row without its concurrency nor decode_batch_size")
+        concurrency = concurrency or (decode.batch_size or 0) * decode.workers * decode.attention_dp_size
+        if concurrency > MAX_CONCURRENCY:
+            raise InputError(f"{where}: a concurrency of {concurrency} is past {MAX_CONCURRENCY}")
+    pools = [(pp, adp, moe_tp, moe_ep, tp)] + [(p.pp_size, p.attention_dp_size, p.moe_tp_size, p.moe_ep_size,
+                                                p.tensor_parallel_size) for p in (prefill, decode) if p is not None]
+    for pool_pp, pool_adp, pool_moe_tp, pool_moe_ep, pool_tp in pools:
+        if pool_pp > 1:
+            raise Unmappable("pipeline parallelism (pp_size > 1)")
+        if (pool_adp > 1 or pool_moe_ep > 1) and not expert_parallel_modelled():
+            raise Unmappable(EXPERT_PARALLEL)
+        if model.moe and pool_moe_tp not in (None, pool_tp) and pool_moe_ep == 1:
+            raise Unmappable("moe_tp_size other than tp_size without expert parallelism")
+        try:
+            load_model(model.model).shard(pool_tp)
+        except InputError as exc:
+            raise Unmappable(f"{model.name}: {exc}") from None
+    version = cell("backend_version", "").strip() or None
+    return MeasuredPoint(
+        name=row["id"] or where, group=f"{model.name} {gpu} {backend}", model=model.model, gpu=gpu,
+        tensor_parallel_size=tp, quantization=quantization, num_requests=10 * concurrency, warmup=concurrency,
+        concurrency=concurrency, rate=None, burstiness=1.0, input_lens=(isl,), output_lens=(osl,), measured=measured,
+        backend=backend, backend_version=version, mode=mode, pp_size=pp, attention_dp_size=adp, moe_tp_size=moe_tp,
+        moe_ep_size=moe_ep, moe_quantization=moe_quant if model.moe else None, prefill=prefill, decode=decode)
+
+
+def noted_concurrency(source: str, where: str) -> int | None:
+    """The `silicon_concurrency=N` that `silicon_data_source` notes, if it does."""
+    found = CONCURRENCY_NOTE.search(source)
+    return positive_int(found.group(1), "silicon_concurrency", where, MAX_CONCURRENCY) if found else None
+
+
+def pool_shape(row: dict[str, str], role: str, where: str) -> PoolShape:
+    """A disaggregated row's `prefill_*` or `decode_*` pool."""
+    cells = {name: row.get(f"{role}_{name}", "") for name in POOL_FIELDS}
+    for name in ("num_workers", "tp_size"):
+        if not cells[name].strip():
+            raise Unmappable(f"a disaggregated row without {role}_{name}")
+    return PoolShape(
+        workers=positive_int(cells["num_workers"], f"{role}_num_workers", where, MAX_WORKERS),
+        tensor_parallel_size=positive_int(cells["tp_size"], f"{role}_tp_size", where, MAX_TENSOR_PARALLEL),
+        batch_size=optional_int(cells["batch_size"], f"{role}_batch_size", where, MAX_CONCURRENCY, None),
+        pp_size=optional_int(cells["pp_size"], f"{role}_pp_size", where, MAX_TENSOR_PARALLEL, 1) or 1,
+        attention_dp_size=optional_int(cells["attention_dp_size"], f"{role}_attention_dp_size", where,
+                                       MAX_TENSOR_PARALLEL, 1) or 1,
+        moe_tp_size=optional_int(cells["moe_tp_size"], f"{role}_moe_tp_size", where, MAX_TENSOR_PARALLEL, None),
+        moe_ep_size=optional_int(cells["moe_ep_size"], f"{role}_moe_ep_size", where, MAX_TENSOR_PARALLEL, 1) or 1)
+
+
+def weight_quantization(model: Resolved, precision: str, gemm: str) -> str | None:
+    """The run's `--quantization` from the row's quant modes: None for bf16 weights (or the checkpoint's
+    own fp8, which its config says), `fp8` for fp8 GEMMs on a checkpoint the config does not say is fp8."""
+    mode = gemm or ("" if precision in BF16 else precision)
+    if mode in BF16:
+        return None
+    if mode == "fp8":
+        return None if model.weight_dtype in FP8 else "fp8"
+    if mode == "fp8_block":
+        if model.weight_dtype == "fp8_block":
+            return None
+        raise Unmappable("gemm_quant_mode 'fp8_block' on a checkpoint whose config is not fp8 with 128 x 128 blocks")
+    raise Unmappable(f"gemm_quant_mode {clip(repr(mode))} (servesim prices bf16 and fp8 weights)")
