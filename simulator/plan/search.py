@@ -1,0 +1,235 @@
+"""The search: every deployment of the space, its capacity found, bounded or derived, one row each.
+
+Single servers come first: each one's capacity is searched (`simulator.plan.capacity`), in parallel
+over `jobs` processes, best analytic bound per GPU (or per dollar) first, skipping a server whose
+bound cannot beat the best capacity found. Replicas behind the random router are not simulated:
+each of k replicas sees a Poisson stream of R/k (a Poisson stream thinned at random), so k of them
+serve exactly k times one server's capacity with the same latencies. Replicas behind the other
+routers and prefill/decode pools are then searched for the best `FLEET_CANDIDATES` servers of each
+tensor-parallel size and GPU, from the random router's capacity up. With a target rate, the fewest
+GPUs (or the cheapest) that serve it: every fleet size, each probed at the target.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import math
+import multiprocessing
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from simulator.errors import InputError
+from simulator.plan.capacity import (PRECISION, Capacity, deployment_bound, find_capacity, probe, requests_for)
+from simulator.plan.slo import Slos
+from simulator.plan.space import Deployment, pool_fleets, refusal, replica_fleets, server_settings
+
+FLEET_CANDIDATES = 2
+"""Servers of each TP size and GPU whose fleets (other routers, P/D pools) are searched."""
+
+
+@dataclass(frozen=True)
+class PlanSpec:
+    fixed: dict[str, Any]
+    """Settings given one value."""
+    axes: dict[str, list[Any]]
+    """Settings given several values (searched)."""
+    slos: Slos
+    max_gpus: int = 8
+    hourly_cost: dict[str, float] = field(default_factory=dict)
+    """USD per GPU-hour by GPU profile."""
+    target_rate: float | None = None
+    precision: float = PRECISION
+    jobs: int = 1
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.max_gpus <= 4096:
+            raise InputError(f"--max-gpus must be an integer in [1, 4096], got {self.max_gpus}")
+        if not 0 < self.precision < 1:
+            raise InputError(f"--precision must be in (0, 1), got {self.precision}")
+
+    def price(self, deployment: Deployment) -> float | None:
+        """USD per hour of `deployment`, None where its GPU has no price."""
+        hourly = self.hourly_cost.get(deployment.settings["gpu"])
+        return None if hourly is None else hourly * deployment.gpus
+
+    def value(self, deployment: Deployment, rate: float) -> float:
+        """What the plan maximises: req/s per dollar-hour where every GPU has a price, else per GPU."""
+        price = self.price(deployment) if self.hourly_cost else None
+        return rate / price if price else rate / deployment.gpus
+
+
+@dataclass
+class Outcome:
+    deployment: Deployment
+    bound: float
+    capacity: Capacity | None = None
+    reason: str | None = None
+    how: str = "simulated"
+    num_requests: int = 0
+
+
+def evaluate(deployment: Deployment, slos: Slos, start: float, bound: float, precision: float,
+             target: float | None) -> Outcome:
+    """One deployment's capacity (with `target`: its verdict at that rate alone), simulated."""
+    servers = deployment.servers
+    count = requests_for(slos, servers)
+    settings = deployment.settings
+
+    def run(rate: float) -> Any:
+        return probe(settings, slos, rate, count)
+
+    if target is not None:
+        result = run(target)
+        capacity = Capacity(target if result.met else 0.0, None if result.met else target,
+                            result if result.met else None, [result])
+        return Outcome(deployment, bound, capacity, num_requests=count, how="probed at --rate")
+    try:
+        capacity = find_capacity(run, start, bound, precision)
+    except InputError as exc:
+        return Outcome(deployment, bound, reason=str(exc), how="refused")
+    return Outcome(deployment, bound, capacity, num_requests=count)
+
+
+class Runner:
+    """Evaluations in `jobs` spawned processes (one in this process when 1), submitted lazily so that
+    a bound can be checked against the best found just before its deployment starts."""
+
+    def __init__(self, jobs: int) -> None:
+        self.jobs = jobs
+        self.pool: cf.ProcessPoolExecutor | None = None
+        if jobs > 1:
+            from simulator.sweep.executors import exit_with_parent
+
+            self.pool = cf.ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn"),
+                                               initializer=exit_with_parent, initargs=(os.getpid(),))
+
+    def map(self, tasks: list[tuple[Any, ...]], skip: Any) -> Iterator[Outcome]:
+        """Each task's outcome as it finishes; `skip(task)` (called just before a task starts) may
+        return an outcome that stands in for running it."""
+        if self.pool is None:
+            for task in tasks:
+                yield skip(task) or evaluate(*task)
+            return
+        pending: set[cf.Future[Outcome]] = set()
+        queue = list(tasks)
+        while queue or pending:
+            while queue and len(pending) < 2 * self.jobs:
+                task = queue.pop(0)
+                skipped = skip(task)
+                if skipped is not None:
+                    yield skipped
+                    continue
+                pending.add(self.pool.submit(evaluate, *task))
+            if not pending:
+                continue
+            done, pending = cf.wait(pending, return_when=cf.FIRST_COMPLETED)
+            for future in done:
+                yield future.result()
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.shutdown(wait=True, cancel_futures=True)
+
+
+def bounded(deployments: list[Deployment], slos: Slos) -> tuple[list[tuple[Deployment, float]], list[Outcome]]:
+    """Each deployment that can run with its bound (req/s), and the refused ones with their reason."""
+    runnable, refused = [], []
+    for deployment in deployments:
+        reason = refusal(deployment)
+        if reason is not None:
+            refused.append(Outcome(deployment, 0.0, reason=reason, how="refused"))
+            continue
+        runnable.append((deployment, deployment_bound(deployment.settings, slos)))
+    return runnable, refused
+
+
+def search(spec: PlanSpec) -> list[Outcome]:
+    """Every deployment's outcome: servers, their random-router fleets, then the other fleets."""
+    slos, target = spec.slos, spec.target_rate
+    servers = [Deployment(s) for s in server_settings(spec.fixed, spec.axes, spec.max_gpus)]
+    runnable, outcomes = bounded(servers, slos)
+    best = 0.0
+
+    def skip(task: tuple[Any, ...]) -> Outcome | None:
+        deployment, _, _, bound = task[:4]
+        if target is None and best > 0 and spec.value(deployment, bound) < best:
+            return Outcome(deployment, bound, reason=f"its bound, {bound:.3g} req/s, cannot beat the best found",
+                           how="skipped by its bound")
+        if target is not None and bound < target and deployment.servers == 1:
+            return None  # a single server's capacity still sizes its random-router fleet
+        return None
+
+    runner = Runner(spec.jobs)
+    try:
+        runnable.sort(key=lambda item: -spec.value(item[0], item[1]))
+        tasks = [(d, slos, 0.5 * b if math.isfinite(b) else 1.0, b, spec.precision, None) for d, b in runnable]
+        singles = []
+        for outcome in runner.map(tasks, skip):
+            singles.append(outcome)
+            if outcome.capacity is not None and outcome.capacity.max_rate > 0 and target is None:
+                best = max(best, spec.value(outcome.deployment, outcome.capacity.max_rate))
+        outcomes += singles
+        outcomes += random_fleets(singles, spec)
+        fleets = fleet_tasks(singles, spec)
+        runnable_fleets, refused = bounded([d for d, _ in fleets], slos)
+        outcomes += refused
+        starts = {d.key: start for d, start in fleets}
+        fleet_list = [(d, slos, min(starts[d.key], b), b, spec.precision, target) for d, b in runnable_fleets]
+        fleet_list.sort(key=lambda task: -spec.value(task[0], task[3]))
+        for outcome in runner.map(fleet_list, skip):
+            outcomes.append(outcome)
+            if outcome.capacity is not None and outcome.capacity.max_rate > 0 and target is None:
+                best = max(best, spec.value(outcome.deployment, outcome.capacity.max_rate))
+    finally:
+        runner.close()
+    return outcomes
+
+
+def random_fleets(singles: list[Outcome], spec: PlanSpec) -> list[Outcome]:
+    """k replicas behind the random router: k times one server's capacity (Poisson thinning)."""
+    outcomes = []
+    for single in singles:
+        if single.capacity is None or single.capacity.at is None:
+            continue
+        for fleet in replica_fleets(single.deployment.settings, {**spec.axes, "router": ["random"]}, spec.max_gpus,
+                                    all_sizes=spec.target_rate is not None):
+            if "router" in spec.axes and "random" not in spec.axes["router"]:
+                continue
+            k = fleet.settings["num_replicas"]
+            outcomes.append(Outcome(fleet, single.bound * k, single.capacity.scaled(
+                k, f"{k} x one replica: each sees a Poisson stream of R/{k}"), how="symmetry",
+                num_requests=single.num_requests * k))
+    return outcomes
+
+
+def fleet_tasks(singles: list[Outcome], spec: PlanSpec) -> list[tuple[Deployment, float]]:
+    """(fleet, start rate) for the other routers and the pools of the best servers of each TP and GPU."""
+    ranked: dict[tuple[Any, ...], list[Outcome]] = {}
+    for single in singles:
+        if single.capacity is not None and single.capacity.max_rate > 0:
+            s = single.deployment.settings
+            ranked.setdefault((s["gpu"], s["tensor_parallel_size"]), []).append(single)
+    tasks: list[tuple[Deployment, float]] = []
+    routers = [r for r in spec.axes.get("router", []) if r != "random"] or None
+    pools_done: set[str] = set()
+    for group in ranked.values():
+        group.sort(key=lambda o: -o.capacity.max_rate if o.capacity else 0.0)
+        for single in group[:FLEET_CANDIDATES]:
+            assert single.capacity is not None
+            c1 = single.capacity.max_rate
+            axes = dict(spec.axes)
+            if routers is not None:
+                axes["router"] = routers
+            for fleet in replica_fleets(single.deployment.settings, axes, spec.max_gpus, spec.target_rate is not None):
+                if fleet.settings["router"] != "random":
+                    tasks.append((fleet, c1 * fleet.settings["num_replicas"]))
+            if single.deployment.settings["tensor_parallel_size"] == 1 and single.deployment.settings["policy"] != \
+                    "static" and "num_replicas" not in spec.axes:
+                for fleet in pool_fleets(single.deployment.settings, spec.axes, spec.max_gpus,
+                                         spec.target_rate is not None):
+                    if fleet.key not in pools_done:
+                        pools_done.add(fleet.key)
+                        tasks.append((fleet, c1 * fleet.gpus * 0.8))
+    return tasks
