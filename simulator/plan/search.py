@@ -16,12 +16,12 @@ import concurrent.futures as cf
 import math
 import multiprocessing
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from simulator.errors import InputError
-from simulator.plan.capacity import (PRECISION, Capacity, deployment_bound, find_capacity, probe, requests_for)
+from simulator.plan.capacity import GROWTH, PRECISION, Capacity, deployment_bound, find_capacity, probe, requests_for
 from simulator.plan.slo import Slos
 from simulator.plan.space import Deployment, pool_fleets, refusal, replica_fleets, server_settings
 
@@ -71,8 +71,9 @@ class Outcome:
 
 
 def evaluate(deployment: Deployment, slos: Slos, start: float, bound: float, precision: float,
-             target: float | None) -> Outcome:
-    """One deployment's capacity (with `target`: its verdict at that rate alone), simulated."""
+             target: float | None, needed: float = 0.0) -> Outcome:
+    """One deployment's capacity (with `target`: its verdict at that rate alone), simulated; when it
+    fails at `needed` (the rate it must serve to beat the best found) the search stops there."""
     servers = deployment.servers
     count = requests_for(slos, servers)
     settings = deployment.settings
@@ -85,6 +86,13 @@ def evaluate(deployment: Deployment, slos: Slos, start: float, bound: float, pre
         capacity = Capacity(target if result.met else 0.0, None if result.met else target,
                             result if result.met else None, [result])
         return Outcome(deployment, bound, capacity, num_requests=count, how="probed at --rate")
+    if needed > 0:
+        screen = run(needed)
+        if not screen.met:
+            return Outcome(deployment, bound, Capacity(math.nan, needed, None, [screen]),
+                           reason=f"fails at {needed:.3g} req/s, the rate it needs to beat the best found",
+                           how="screened", num_requests=count)
+        start = max(start, needed * GROWTH)
     try:
         capacity = find_capacity(run, start, bound, precision)
     except InputError as exc:
@@ -105,23 +113,24 @@ class Runner:
             self.pool = cf.ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn"),
                                                initializer=exit_with_parent, initargs=(os.getpid(),))
 
-    def map(self, tasks: list[tuple[Any, ...]], skip: Any) -> Iterator[Outcome]:
-        """Each task's outcome as it finishes; `skip(task)` (called just before a task starts) may
-        return an outcome that stands in for running it."""
+    def map(self, tasks: list[tuple[Any, ...]], prepare: Callable[[tuple[Any, ...]], tuple[Any, ...] | Outcome]
+            ) -> Iterator[Outcome]:
+        """Each task's outcome as it finishes; `prepare(task)`, called just before a task starts,
+        returns the task to run or an outcome that stands in for running it."""
         if self.pool is None:
             for task in tasks:
-                yield skip(task) or evaluate(*task)
+                prepared = prepare(task)
+                yield prepared if isinstance(prepared, Outcome) else evaluate(*prepared)
             return
         pending: set[cf.Future[Outcome]] = set()
         queue = list(tasks)
         while queue or pending:
             while queue and len(pending) < 2 * self.jobs:
-                task = queue.pop(0)
-                skipped = skip(task)
-                if skipped is not None:
-                    yield skipped
+                prepared = prepare(queue.pop(0))
+                if isinstance(prepared, Outcome):
+                    yield prepared
                     continue
-                pending.add(self.pool.submit(evaluate, *task))
+                pending.add(self.pool.submit(evaluate, *prepared))
             if not pending:
                 continue
             done, pending = cf.wait(pending, return_when=cf.FIRST_COMPLETED)
@@ -152,21 +161,23 @@ def search(spec: PlanSpec) -> list[Outcome]:
     runnable, outcomes = bounded(servers, slos)
     best = 0.0
 
-    def skip(task: tuple[Any, ...]) -> Outcome | None:
-        deployment, _, _, bound = task[:4]
-        if target is None and best > 0 and spec.value(deployment, bound) < best:
+    def prepare(task: tuple[Any, ...]) -> tuple[Any, ...] | Outcome:
+        """The task as it starts: skipped when its bound cannot beat the best found, else told the
+        rate it needs to beat it."""
+        deployment, bound = task[0], task[3]
+        if target is not None or best <= 0:
+            return task
+        if spec.value(deployment, bound) < best:
             return Outcome(deployment, bound, reason=f"its bound, {bound:.3g} req/s, cannot beat the best found",
                            how="skipped by its bound")
-        if target is not None and bound < target and deployment.servers == 1:
-            return None  # a single server's capacity still sizes its random-router fleet
-        return None
+        return (*task[:6], best / spec.value(deployment, 1.0))
 
     runner = Runner(spec.jobs)
     try:
         runnable.sort(key=lambda item: -spec.value(item[0], item[1]))
         tasks = [(d, slos, 0.5 * b if math.isfinite(b) else 1.0, b, spec.precision, None) for d, b in runnable]
         singles = []
-        for outcome in runner.map(tasks, skip):
+        for outcome in runner.map(tasks, prepare):
             singles.append(outcome)
             if outcome.capacity is not None and outcome.capacity.max_rate > 0 and target is None:
                 best = max(best, spec.value(outcome.deployment, outcome.capacity.max_rate))
@@ -178,7 +189,7 @@ def search(spec: PlanSpec) -> list[Outcome]:
         starts = {d.key: start for d, start in fleets}
         fleet_list = [(d, slos, min(starts[d.key], b), b, spec.precision, target) for d, b in runnable_fleets]
         fleet_list.sort(key=lambda task: -spec.value(task[0], task[3]))
-        for outcome in runner.map(fleet_list, skip):
+        for outcome in runner.map(fleet_list, prepare):
             outcomes.append(outcome)
             if outcome.capacity is not None and outcome.capacity.max_rate > 0 and target is None:
                 best = max(best, spec.value(outcome.deployment, outcome.capacity.max_rate))

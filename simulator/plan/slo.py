@@ -11,7 +11,6 @@ import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
-
 from typing import Any
 
 from simulator.config import GOODPUT_METRICS, MAX_SECONDS, parse_goodput, quote

@@ -17,7 +17,7 @@ from simulator.config import DEFAULTS, RunConfig
 from simulator.errors import InputError
 from simulator.sweep.grid import config_id
 
-SEARCHED = {
+SEARCHED: dict[str, list[Any]] = {
     "policy": ["continuous", "chunked"],
     "max_num_batched_tokens": [512, 2048, 8192],
     "max_num_seqs": [32, 64, 128, 256, 1024],
@@ -75,10 +75,10 @@ def powers_of_two(limit: int) -> list[int]:
 
 def server_settings(fixed: dict[str, Any], axes: dict[str, list[Any]], max_gpus: int) -> list[dict[str, Any]]:
     """Every single-server combination: the axes given, else `SEARCHED` and TP sizes up to `max_gpus`."""
-    searched = dict(SEARCHED) | {"tensor_parallel_size": powers_of_two(max_gpus)}
-    names = [name for name in ("policy", "tensor_parallel_size", "quantization", "max_num_batched_tokens",
-                               "max_num_seqs") if name not in fixed]
-    lists = [axes.get(name, searched[name]) for name in names]
+    searched: dict[str, list[Any]] = dict(SEARCHED) | {"tensor_parallel_size": powers_of_two(max_gpus)}
+    names = [name for name in searched if name not in fixed]
+    names += [name for name in axes if name not in searched and name not in FLEET_SETTINGS]
+    lists: list[list[Any]] = [axes.get(name, searched.get(name, [])) for name in names]
     base = {k: v for k, v in DEFAULTS.items() if k not in WORKLOAD_SETTINGS} | fixed
     servers = []
     for values in itertools.product(*lists):
@@ -134,8 +134,8 @@ def refusal(deployment: Deployment) -> str | None:
     try:
         config = RunConfig(**deployment.settings | {"rate": 1.0, "num_requests": 64})
         unused = config.unused_settings()
-        if unused and "policy" in unused:
-            return f"--policy {config.policy} does not take {', '.join(unused)}"
+        if unused:
+            return f"--policy {config.policy} does not use {', '.join(unused)}"
         build_pools(config, load_model(config.model), load_gpu(config.gpu), build_workload(config))
     except InputError as exc:
         return str(exc)
