@@ -32,7 +32,7 @@ def simulate_args(settings: dict[str, Any], rate: float, num_requests: int) -> s
             args.append(flag(name) if value else f"--no-{flag(name)[2:]}")
         else:
             args += [flag(name), f"{value:g}" if isinstance(value, float) else str(value)]
-    args += ["--rate", f"{rate:.6g}", "--num-requests", str(num_requests)]
+    args += ["--rate", repr(rate), "--num-requests", str(num_requests)]
     return shlex.join(args)
 
 

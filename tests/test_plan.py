@@ -1,0 +1,112 @@
+"""`simulate plan` end to end: its rows reproduce (a deployment rerun with its own simulate_args meets
+every SLO at max_rate and misses one 15% above it, for several seeds), deployments that cannot run
+are listed with their reason, random-router fleets are k times one server, and bad input is one line."""
+
+from __future__ import annotations
+
+import json
+import shlex
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+from simulator.cli.main import run
+
+SMALL = ["--model", "llama-3.1-8b", "--input-len", "1000", "--output-len", "100", "--tensor-parallel-size", "1",
+         "--quantization", "none", "--max-num-seqs", "64", "--max-gpus", "2", "--jobs", "1",
+         "--slo", "p99_ttft_ms<=400", "--slo", "p90_tpot_ms<=25"]
+
+
+def simulate_cli(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    codes: list[int] = []
+    run(args, exit=codes.append)
+    out, err = capsys.readouterr()
+    return codes[0], out, err
+
+
+def plan_rows(tmp_path: Path, capsys: pytest.CaptureFixture[str], *extra: str) -> tuple[pl.DataFrame, str]:
+    out = tmp_path / "plan"
+    code, stdout, err = simulate_cli(["plan", *SMALL, *extra, "--out", str(out)], capsys)
+    assert code == 0, err
+    return pl.read_parquet(out / "plan.parquet"), stdout
+
+
+def slo_values(tmp_path: Path, args: list[str], capsys: pytest.CaptureFixture[str]) -> dict[str, float]:
+    out = tmp_path / f"run{len(list(tmp_path.iterdir()))}"
+    code, _, err = simulate_cli([*args[1:], "--percentiles", "90,99", "--no-tokens", "--out", str(out)], capsys)
+    assert code == 0, err
+    summary: dict[str, dict[str, float]] = json.loads((out / "summary.json").read_text())
+    return summary["summary"]
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_a_deployment_rerun_with_its_simulate_args_meets_the_slos_at_max_rate_and_not_15_percent_above(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], seed: int) -> None:
+    rows, _ = plan_rows(tmp_path, capsys, "--policy", "chunked", "--max-num-batched-tokens", "512",
+                        "--num-replicas", "1", "--seed", str(seed))
+    row = rows.filter(pl.col("how") == "simulated").row(0, named=True)
+    args = shlex.split(row["simulate_args"])
+    assert args[:2] == ["simulate", "run"] and repr(row['max_rate']) in args
+    at = slo_values(tmp_path, args, capsys)
+    assert at["p99_ttft"] * 1e3 <= 400 and at["p90_tpot"] * 1e3 <= 25 and at["kept_up"] is not False
+    above = args.copy()
+    above[above.index("--rate") + 1] = f"{row['max_rate'] * 1.15:.6g}"
+    over = slo_values(tmp_path, above, capsys)
+    assert over["p99_ttft"] * 1e3 > 400 or over["p90_tpot"] * 1e3 > 25 or over["kept_up"] is False
+    # The bracket is the stated precision wide, and the row's SLO columns are the rerun's.
+    assert row["max_rate_high"] <= row["max_rate"] * 1.05 + 1e-9
+    assert row["p99_ttft_ms"] == pytest.approx(at["p99_ttft"] * 1e3)
+
+
+def test_the_plan_lists_what_cannot_run_and_derives_random_fleets(tmp_path: Path,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    rows, stdout = plan_rows(tmp_path, capsys, "--policy", "continuous,chunked", "--max-num-batched-tokens",
+                             "512,2048", "--router", "random,round-robin")
+    refused = rows.filter(pl.col("policy") == "continuous", pl.col("max_num_batched_tokens") == 512)
+    assert refused.height >= 1 and not refused["viable"].any()
+    assert refused["reason"].str.contains("1000-token prompt").all()
+    recompute = rows.filter(pl.col("policy") == "continuous", pl.col("max_num_batched_tokens") == 2048)
+    assert recompute["reason"].is_null().all() or recompute["viable"].any()
+    for fleet in rows.filter(pl.col("how").str.starts_with("symmetry")).iter_rows(named=True):
+        single = rows.filter(pl.col("how") == "simulated", pl.col("num_replicas") == 1,
+                             *(pl.col(n) == fleet[n] for n in ("policy", "max_num_batched_tokens", "max_num_seqs")))
+        assert fleet["max_rate"] == pytest.approx(fleet["num_replicas"] * single["max_rate"][0], rel=1e-12)
+    assert "pick:" in stdout and "vllm serve meta-llama/Meta-Llama-3.1-8B" in stdout
+    files = {p.name for p in (tmp_path / "plan").iterdir()}
+    assert {"plan.parquet", "serve_params.json", "bench_params.json", "sla_params.json"} <= files
+    sla = json.loads((tmp_path / "plan" / "sla_params.json").read_text())
+    assert sla == [{"p99_ttft_ms": "<=400", "p90_tpot_ms": "<=25"}]
+    serve = json.loads((tmp_path / "plan" / "serve_params.json").read_text())
+    assert all({"max_num_seqs", "max_num_batched_tokens", "tensor_parallel_size"} <= set(s) for s in serve)
+
+
+@pytest.mark.parametrize(("args", "said"), [
+    (["--slo", "p99_ttft<=500"], "unknown metric 'p99_ttft'"),
+    (["--slo", "p99_ttft_ms>=500"], "sets a floor"),
+    (["--slo", "p99_ttft_ms<=-1"], "must be > 0"),
+    (["--slo", "p99_ttft_ms<=5", "--slo", "p99_ttft_ms<=6"], "gives p99_ttft_ms twice"),
+    ([], "a plan needs an SLO"),
+    (["--slo", "p99_ttft_ms<=500", "--num-requests", "10"], "a plan sizes its own runs"),
+    (["--slo", "p99_ttft_ms<=500", "--gpu-hourly-cost", "h100_sxm"], "PROFILE=USD"),
+    (["--slo", "p99_ttft_ms<=500", "--rate", "1,2"], "--rate takes one finite rate"),
+    (["--slo", "p99_ttft_ms<=500", "--slo-attainment", "0.9"], "give --goodput"),
+])
+def test_bad_plan_input_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str], args: list[str],
+                                    said: str) -> None:
+    code, _, err = simulate_cli(["plan", *args, "--out", str(tmp_path / "p")], capsys)
+    assert code == 2 and said in err and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "p").exists()
+
+
+def test_sla_params_file_is_read_as_vllm_writes_it(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    good = tmp_path / "sla.json"
+    good.write_text('[{"p99_ttft_ms": "<=400", "p90_tpot_ms": "<25"}]')
+    from simulator.plan.slo import read_sla_params
+
+    slos = read_sla_params(good)
+    assert [(s.name, s.operator, s.limit) for s in slos] == [("p99_ttft_ms", "<=", 0.4), ("p90_tpot_ms", "<", 0.025)]
+    bad = tmp_path / "bad.json"
+    bad.write_text('[{"p99_ttft_ms": "<=400"}, {"p99_ttft_ms": "<=300"}]')
+    code, _, err = simulate_cli(["plan", "--sla-params", str(bad), "--out", str(tmp_path / "p")], capsys)
+    assert code == 2 and "lists 2 SLAs" in err
