@@ -154,45 +154,79 @@ def bounded(deployments: list[Deployment], slos: Slos) -> tuple[list[tuple[Deplo
     return runnable, refused
 
 
-def search(spec: PlanSpec) -> list[Outcome]:
-    """Every deployment's outcome: servers, their random-router fleets, then the other fleets."""
-    slos, target = spec.slos, spec.target_rate
-    servers = [Deployment(s) for s in server_settings(spec.fixed, spec.axes, spec.max_gpus)]
-    runnable, outcomes = bounded(servers, slos)
-    best = 0.0
+class Best:
+    """The best found so far, and what a deployment must do to beat it: the most req/s per GPU (or
+    per dollar); with a target rate, the fewest GPUs (or dollars) that serve it."""
 
-    def prepare(task: tuple[Any, ...]) -> tuple[Any, ...] | Outcome:
+    def __init__(self, spec: PlanSpec) -> None:
+        self.spec = spec
+        self.value = 0.0
+        self.cost = math.inf
+
+    def cost_of(self, deployment: Deployment) -> float:
+        return self.spec.price(deployment) or deployment.gpus if self.spec.hourly_cost else deployment.gpus
+
+    def add(self, outcome: Outcome) -> None:
+        capacity = outcome.capacity
+        if capacity is None or not capacity.max_rate > 0:
+            return
+        self.value = max(self.value, self.spec.value(outcome.deployment, capacity.max_rate))
+        target = self.spec.target_rate
+        if target is not None and capacity.max_rate >= target:
+            self.cost = min(self.cost, self.cost_of(outcome.deployment))
+
+    def prepare(self, task: tuple[Any, ...]) -> tuple[Any, ...] | Outcome:
         """The task as it starts: skipped when its bound cannot beat the best found, else told the
-        rate it needs to beat it."""
+        rate it needs to beat it (with a target rate: skipped when it cannot serve it, or costs more
+        than the cheapest found that does)."""
         deployment, bound = task[0], task[3]
-        if target is not None or best <= 0:
+        target = self.spec.target_rate
+        if target is not None:
+            if bound < target and deployment.servers > 1:
+                return Outcome(deployment, bound, reason=f"its bound, {bound:.3g} req/s, is below --rate",
+                               how="skipped by its bound")
+            if self.cost_of(deployment) > self.cost:
+                return Outcome(deployment, bound, reason="costs more than the cheapest found to serve --rate",
+                               how="skipped by its size")
             return task
-        if spec.value(deployment, bound) < best:
+        if self.value <= 0:
+            return task
+        if self.spec.value(deployment, bound) < self.value:
             return Outcome(deployment, bound, reason=f"its bound, {bound:.3g} req/s, cannot beat the best found",
                            how="skipped by its bound")
-        return (*task[:6], best / spec.value(deployment, 1.0))
+        return (*task[:6], self.value / self.spec.value(deployment, 1.0))
 
+
+def search(spec: PlanSpec) -> list[Outcome]:
+    """Every deployment's outcome: servers, their random-router fleets, then the other fleets."""
+    slos = spec.slos
+    servers = [Deployment(s) for s in server_settings(spec.fixed, spec.axes, spec.max_gpus)]
+    runnable, outcomes = bounded(servers, slos)
+    best = Best(spec)
     runner = Runner(spec.jobs)
     try:
         runnable.sort(key=lambda item: -spec.value(item[0], item[1]))
         tasks = [(d, slos, 0.5 * b if math.isfinite(b) else 1.0, b, spec.precision, None) for d, b in runnable]
         singles = []
-        for outcome in runner.map(tasks, prepare):
+        for outcome in runner.map(tasks, best.prepare):
             singles.append(outcome)
-            if outcome.capacity is not None and outcome.capacity.max_rate > 0 and target is None:
-                best = max(best, spec.value(outcome.deployment, outcome.capacity.max_rate))
+            best.add(outcome)
         outcomes += singles
-        outcomes += random_fleets(singles, spec)
+        for outcome in random_fleets(singles, spec):
+            outcomes.append(outcome)
+            best.add(outcome)
         fleets = fleet_tasks(singles, spec)
         runnable_fleets, refused = bounded([d for d, _ in fleets], slos)
         outcomes += refused
         starts = {d.key: start for d, start in fleets}
-        fleet_list = [(d, slos, min(starts[d.key], b), b, spec.precision, target) for d, b in runnable_fleets]
-        fleet_list.sort(key=lambda task: -spec.value(task[0], task[3]))
-        for outcome in runner.map(fleet_list, prepare):
+        fleet_list = [(d, slos, min(starts[d.key], b), b, spec.precision, spec.target_rate) for d, b in runnable_fleets]
+        if spec.target_rate is None:
+            fleet_list.sort(key=lambda task: -spec.value(task[0], task[3]))
+        else:
+            fleet_list.sort(key=lambda task: best.cost_of(task[0]))
+        for outcome in runner.map(fleet_list, best.prepare):
             outcomes.append(outcome)
-            if outcome.capacity is not None and outcome.capacity.max_rate > 0 and target is None:
-                best = max(best, spec.value(outcome.deployment, outcome.capacity.max_rate))
+            best.add(outcome)
     finally:
         runner.close()
     return outcomes
