@@ -103,6 +103,9 @@ def compare_command(results: tuple[Path, ...], gpu: tuple[str, ...], tensor_para
     click.echo("\nmedian |error|:")
     for r in table.iter_rows(named=True):
         click.echo(f"  {r['group']:<24}{r['statistic']:<22}{r['median_abs_error']:>8.1%}  ({r['points']} points)")
+    from simulator.sim2real.regret import regret_lines
+
+    click.echo("\n" + "\n".join(regret_lines(rows)))
     if out is not None:
         write_parquet(rows, out, {"results": [str(p) for p in results], "gpu": list(gpu), "seed": seed,
                                   "max_num_batched_tokens": max_num_batched_tokens, "max_num_seqs": max_num_seqs})
