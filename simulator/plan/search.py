@@ -42,6 +42,8 @@ class PlanSpec:
     target_rate: float | None = None
     precision: float = PRECISION
     jobs: int = 1
+    exhaustive: bool = False
+    """Search every deployment's capacity (a whole frontier): no bound or screen skips any."""
 
     def __post_init__(self) -> None:
         if not 1 <= self.max_gpus <= 4096:
@@ -181,6 +183,8 @@ class Best:
         than the cheapest found that does)."""
         deployment, bound = task[0], task[3]
         target = self.spec.target_rate
+        if self.spec.exhaustive:
+            return task
         if target is not None:
             if bound < target and deployment.servers > 1:
                 return Outcome(deployment, bound, reason=f"its bound, {bound:.3g} req/s, is below --rate",
