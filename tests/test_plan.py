@@ -110,3 +110,32 @@ def test_sla_params_file_is_read_as_vllm_writes_it(tmp_path: Path, capsys: pytes
     bad.write_text('[{"p99_ttft_ms": "<=400"}, {"p99_ttft_ms": "<=300"}]')
     code, _, err = simulate_cli(["plan", "--sla-params", str(bad), "--out", str(tmp_path / "p")], capsys)
     assert code == 2 and "lists 2 SLAs" in err
+
+
+def test_with_a_rate_the_plan_picks_the_fewest_gpus_that_serve_it(tmp_path: Path,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    pinned = ["--policy", "chunked", "--max-num-batched-tokens", "512", "--router", "random", "--max-gpus", "4"]
+    rows, _ = plan_rows(tmp_path, capsys, *pinned)
+    one = rows.filter(pl.col("num_replicas") == 1, pl.col("how") == "simulated")["max_rate"].max()
+    assert isinstance(one, float) and one > 0
+    target = 2.5 * one  # three replicas behind the random router serve it, two do not
+    out = tmp_path / "rate"
+    code, stdout, err = simulate_cli(["plan", *SMALL, *pinned, "--rate", f"{target!r}", "--out", str(out)], capsys)
+    assert code == 0, err
+    picked = pl.read_parquet(out / "plan.parquet").filter(pl.col("viable")).sort("gpus")
+    assert picked["gpus"][0] == 3 and "pick: 3xTP1 random" in stdout
+
+
+def test_the_bound_is_above_every_capacity_found(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rows, _ = plan_rows(tmp_path, capsys, "--exhaustive", "--policy", "chunked,continuous",
+                        "--max-num-batched-tokens", "512,2048", "--max-num-seqs", "8,64")
+    found = rows.filter(pl.col("how") == "simulated", pl.col("max_rate") > 0)
+    assert found.height >= 4
+    assert (found["max_rate"] <= found["bound_rate"]).all()
+
+
+def test_margin_auto_says_none_is_published(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    _, stdout = plan_rows(tmp_path, capsys, "--policy", "chunked", "--max-num-batched-tokens", "512",
+                          "--num-replicas", "1", "--margin", "auto", "--gpu-hourly-cost", "h100_sxm=2")
+    assert "no held-out error is published for h100_sxm: --margin auto is 0" in stdout
+    assert "per million output tokens" in stdout

@@ -65,5 +65,6 @@ def test_a_workload_with_one_deployment_is_not_judged() -> None:
     assert planning_regret(rows(THREE[:1])).is_empty()
     assert regret_lines(rows(THREE[:1])) == ["planning regret: no workload has two or more measured deployments"]
     lines = regret_lines(pl.concat([rows(THREE), rows(THREE[:1], group="other")]))
+    assert "100% of 4 points predicted" in lines[0]
     assert "100.0% mean regret over 3 cases" in lines[1] and "random pick 55.6%" in lines[1], lines
     assert not math.isnan(planning_regret(rows(THREE))["random"].sum())

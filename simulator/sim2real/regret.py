@@ -105,8 +105,10 @@ def regret_lines(rows: pl.DataFrame) -> list[str]:
     regrets = planning_regret(rows)
     if regrets.is_empty():
         return ["planning regret: no workload has two or more measured deployments"]
+    table = points(rows)
+    predicted = float(table["predicted_tokens"].is_finite().fill_null(False).mean() or 0.0)
     lines = ["planning regret (pick the highest predicted tokens/s/GPU under a TPOT limit at each workload's "
-             "25th/50th/75th measured-TPOT percentile):"]
+             f"25th/50th/75th measured-TPOT percentile; {predicted:.0%} of {table.height} points predicted):"]
     for r in regret_summary(regrets).iter_rows(named=True):
         lines.append(f"  {r['stack']:<12}{r['regret']:>7.1%} mean regret over {r['cases']} cases; SLO missed by "
                      f"{r['missed']:.0%} of picks, nothing predicted to fit in {r['no_pick']:.0%}; random pick "
