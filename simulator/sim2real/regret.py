@@ -106,7 +106,7 @@ def regret_lines(rows: pl.DataFrame) -> list[str]:
     if regrets.is_empty():
         return ["planning regret: no workload has two or more measured deployments"]
     table = points(rows)
-    predicted = float(table["predicted_tokens"].is_finite().fill_null(False).mean() or 0.0)
+    predicted = int(table["predicted_tokens"].is_finite().fill_null(False).sum()) / max(table.height, 1)
     lines = ["planning regret (pick the highest predicted tokens/s/GPU under a TPOT limit at each workload's "
              f"25th/50th/75th measured-TPOT percentile; {predicted:.0%} of {table.height} points predicted):"]
     for r in regret_summary(regrets).iter_rows(named=True):
