@@ -139,3 +139,16 @@ def test_margin_auto_says_none_is_published(tmp_path: Path, capsys: pytest.Captu
                           "--num-replicas", "1", "--margin", "auto", "--gpu-hourly-cost", "h100_sxm=2")
     assert "no held-out error is published for h100_sxm: --margin auto is 0" in stdout
     assert "per million output tokens" in stdout
+
+
+def test_with_seeds_a_close_capacity_holds_on_every_seed(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    pinned = ["--policy", "chunked", "--max-num-batched-tokens", "512", "--num-replicas", "1"]
+    rows, _ = plan_rows(tmp_path, capsys, *pinned, "--seeds", "3")
+    row = rows.filter(pl.col("how") == "simulated").row(0, named=True)
+    args = shlex.split(row["simulate_args"])
+    for seed in range(3):
+        at = slo_values(tmp_path, [*args, "--seed", str(seed)], capsys)
+        assert at["p99_ttft"] * 1e3 <= 400 and at["p90_tpot"] * 1e3 <= 25 and at["kept_up"] is not False, seed
+    (tmp_path / "one").mkdir()
+    alone, _ = plan_rows(tmp_path / "one", capsys, *pinned)  # one seed: no more than what three allow
+    assert row["max_rate"] <= alone.filter(pl.col("how") == "simulated")["max_rate"][0]

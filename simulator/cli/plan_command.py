@@ -102,6 +102,8 @@ def table(rows: list[dict[str, Any]], slo_names: list[str]) -> str:
               help="Tighten every SLO by this share, or 'auto': the held-out error the GPU profile publishes.")
 @click.option("--precision", type=float, default=None, help="Width of each capacity's bracket, a share of it "
                                                              "[default: 0.05].")
+@click.option("--seeds", type=SettingType("seeds", Range(int, 1, 100, "seeds")), default=1, show_default=True,
+              help="A probe within 10% of a limit is rerun on this many seeds in all and passes only if each does.")
 @click.option("--exhaustive", is_flag=True, help="Search every deployment's capacity, for the whole frontier "
                                                  "[default: skip what its bound or one probe shows cannot beat "
                                                  "the best found].")
@@ -110,8 +112,8 @@ def table(rows: list[dict[str, Any]], slo_names: list[str]) -> str:
 @setting_options
 def plan_command(out: Path | None, spec_file: Path | None, max_gpus: int, gpu_hourly_cost: tuple[str, ...],
                  slo: tuple[str, ...], sla_params: Path | None, goodput: tuple[str, ...],
-                 slo_attainment: float | None, margin: str, precision: float | None, exhaustive: bool,
-                 jobs: int | None, **settings: str | None) -> None:
+                 slo_attainment: float | None, margin: str, precision: float | None, seeds: int,
+                 exhaustive: bool, jobs: int | None, **settings: str | None) -> None:
     """Plan a deployment: the most load per GPU, or the fewest GPUs for --rate, within latency SLOs."""
     from simulator.outputs.run_folder import check_out_dir, default_run_dir
     from simulator.plan.capacity import PRECISION
@@ -144,7 +146,7 @@ def plan_command(out: Path | None, spec_file: Path | None, max_gpus: int, gpu_ho
     lists = {name: values for name, values in axes.items() if len(values) > 1}
     spec = PlanSpec(fixed, lists, slos.tightened(share) if share else slos, max_gpus, hourly_costs(gpu_hourly_cost),
                     target, precision if precision is not None else PRECISION,
-                    jobs if jobs is not None else len(os.sched_getaffinity(0)), exhaustive)
+                    jobs if jobs is not None else len(os.sched_getaffinity(0)), exhaustive, seeds)
     if out is not None:
         check_out_dir(out)
     outcomes = search(spec)
@@ -174,7 +176,8 @@ def plan_command(out: Path | None, spec_file: Path | None, max_gpus: int, gpu_ho
         click.echo(pick["launch"])
         click.echo(f"rerun: {pick['simulate_args']}")
     if share:
-        base = PlanSpec(fixed, lists, slos, max_gpus, spec.hourly_cost, target, spec.precision, spec.jobs, exhaustive)
+        base = PlanSpec(fixed, lists, slos, max_gpus, spec.hourly_cost, target, spec.precision, spec.jobs, exhaustive,
+                        seeds)
         plain = ranked([row(o, base) for o in search(base)], base)
         without = f"{describe(plain[0])}, {plain[0]['max_rate']:.2f} req/s" if plain else "none"
         click.echo(f"without the margin the pick would be: {without}")

@@ -44,12 +44,16 @@ class PlanSpec:
     jobs: int = 1
     exhaustive: bool = False
     """Search every deployment's capacity (a whole frontier): no bound or screen skips any."""
+    seeds: int = 1
+    """Seeds a close decision rests on (`simulator.plan.capacity.probe`)."""
 
     def __post_init__(self) -> None:
         if not 1 <= self.max_gpus <= 4096:
             raise InputError(f"--max-gpus must be an integer in [1, 4096], got {self.max_gpus}")
         if not 0 < self.precision < 1:
             raise InputError(f"--precision must be in (0, 1), got {self.precision}")
+        if not 1 <= self.seeds <= 100:
+            raise InputError(f"--seeds must be an integer in [1, 100], got {self.seeds}")
 
     def price(self, deployment: Deployment) -> float | None:
         """USD per hour of `deployment`, None where its GPU has no price."""
@@ -73,7 +77,7 @@ class Outcome:
 
 
 def evaluate(deployment: Deployment, slos: Slos, start: float, bound: float, precision: float,
-             target: float | None, needed: float = 0.0) -> Outcome:
+             target: float | None, seeds: int = 1, needed: float = 0.0) -> Outcome:
     """One deployment's capacity (with `target`: its verdict at that rate alone), simulated; when it
     fails at `needed` (the rate it must serve to beat the best found) the search stops there."""
     servers = deployment.servers
@@ -81,7 +85,7 @@ def evaluate(deployment: Deployment, slos: Slos, start: float, bound: float, pre
     settings = deployment.settings
 
     def run(rate: float) -> Any:
-        return probe(settings, slos, rate, count)
+        return probe(settings, slos, rate, count, seeds)
 
     if target is not None:
         result = run(target)
@@ -198,7 +202,7 @@ class Best:
         if self.spec.value(deployment, bound) < self.value:
             return Outcome(deployment, bound, reason=f"its bound, {bound:.3g} req/s, cannot beat the best found",
                            how="skipped by its bound")
-        return (*task[:6], self.value / self.spec.value(deployment, 1.0))
+        return (*task[:7], self.value / self.spec.value(deployment, 1.0))
 
 
 def search(spec: PlanSpec) -> list[Outcome]:
@@ -210,7 +214,8 @@ def search(spec: PlanSpec) -> list[Outcome]:
     runner = Runner(spec.jobs)
     try:
         runnable.sort(key=lambda item: -spec.value(item[0], item[1]))
-        tasks = [(d, slos, 0.5 * b if math.isfinite(b) else 1.0, b, spec.precision, None) for d, b in runnable]
+        tasks = [(d, slos, 0.5 * b if math.isfinite(b) else 1.0, b, spec.precision, None, spec.seeds)
+                 for d, b in runnable]
         singles = []
         for outcome in runner.map(tasks, best.prepare):
             singles.append(outcome)
@@ -223,7 +228,8 @@ def search(spec: PlanSpec) -> list[Outcome]:
         runnable_fleets, refused = bounded([d for d, _ in fleets], slos)
         outcomes += refused
         starts = {d.key: start for d, start in fleets}
-        fleet_list = [(d, slos, min(starts[d.key], b), b, spec.precision, spec.target_rate) for d, b in runnable_fleets]
+        fleet_list = [(d, slos, min(starts[d.key], b), b, spec.precision, spec.target_rate, spec.seeds)
+                      for d, b in runnable_fleets]
         if spec.target_rate is None:
             fleet_list.sort(key=lambda task: -spec.value(task[0], task[3]))
         else:

@@ -166,6 +166,12 @@ class Slos:
         ok = all(slo.holds(values[slo.name]) for slo in self.limits)
         return ok and (not self.goodput or values["slo_attainment"] >= self.attainment)
 
+    def close(self, values: dict[str, float], share: float) -> bool:
+        """Whether some statistic is within `share` of its limit (attainment: of the share allowed to fail)."""
+        near = any(values[slo.name] >= slo.limit * (1 - share) for slo in self.limits)
+        allowed = 1 - self.attainment
+        return near or (bool(self.goodput) and values["slo_attainment"] <= self.attainment + allowed * share)
+
     def tightened(self, margin: float) -> Slos:
         return Slos(tuple(slo.tightened(margin) for slo in self.limits),
                     tuple((metric, limit * (1 - margin)) for metric, limit in self.goodput), self.attainment)
