@@ -10,6 +10,7 @@ from pathlib import Path
 
 import polars as pl
 import pytest
+from helpers import AZURE, needs_azure
 
 from simulator.cli.main import run
 
@@ -152,3 +153,20 @@ def test_with_seeds_a_close_capacity_holds_on_every_seed(tmp_path: Path, capsys:
     (tmp_path / "one").mkdir()
     alone, _ = plan_rows(tmp_path / "one", capsys, *pinned)  # one seed: no more than what three allow
     assert row["max_rate"] <= alone.filter(pl.col("how") == "simulated")["max_rate"][0]
+
+
+@needs_azure
+def test_a_trace_is_scaled_by_its_speed_and_its_random_fleets_are_simulated(tmp_path: Path,
+                                                                             capsys: pytest.CaptureFixture[str]
+                                                                             ) -> None:
+    # A trace's arrivals are no Poisson stream: random routing does not thin them into one replica's.
+    out = tmp_path / "plan"
+    code, _, err = simulate_cli(["plan", "--trace", str(AZURE), "--max-gpus", "2", "--policy", "chunked",
+                                 "--max-num-batched-tokens", "2048", "--max-num-seqs", "64", "--quantization",
+                                 "none", "--tensor-parallel-size", "1", "--router", "random", "--jobs", "1",
+                                 "--slo", "p90_ttft_ms<=1000", "--out", str(out)], capsys)
+    assert code == 0, err
+    rows = pl.read_parquet(out / "plan.parquet")
+    fleet = rows.filter(pl.col("num_replicas") == 2).row(0, named=True)
+    assert fleet["how"] == "simulated" and "--trace-speed" in fleet["simulate_args"]
+    assert "--rate" not in fleet["simulate_args"]

@@ -18,6 +18,7 @@ at most the lower of the two. `BOUND_SLACK` covers what the bound leaves out.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -78,19 +79,38 @@ def probe(settings: dict[str, Any], slos: Slos, rate: float, num_requests: int, 
     that comes within `CLOSE` of a limit is run again on the next `seeds` - 1 seeds and stands only if
     every one passes; the probe keeps the first seed's values (its rerun reproduces them)."""
     first = probe_seed(settings, slos, rate, num_requests)
-    if first.met and seeds > 1 and slos.close(first.values, CLOSE):
+    if first.met and seeds > 1 and settings.get("trace") is None and slos.close(first.values, CLOSE):
         for extra in range(1, seeds):
             if not probe_seed(settings | {"seed": settings["seed"] + extra}, slos, rate, num_requests).met:
                 return replace(first, met=False)
     return first
 
 
+@functools.lru_cache(maxsize=16)
+def trace_rate(path: str, limit: int) -> float:
+    """Requests/s of the first `limit` requests of trace `path` as it was recorded."""
+    from workloads import read_trace
+
+    arrival = read_trace(path, limit=limit).arrival
+    if arrival is None or len(arrival) < 2 or not arrival[-1] > arrival[0]:
+        raise InputError(f"--trace {path!r} has no arrival times to scale: a plan needs an open-loop trace")
+    return (len(arrival) - 1) / float(arrival[-1] - arrival[0])
+
+
+def load_settings(settings: dict[str, Any], rate: float, num_requests: int) -> dict[str, Any]:
+    """The settings that send `rate` req/s: --rate, or for a trace the --trace-speed that scales its
+    own arrivals to that rate."""
+    if settings.get("trace") is None:
+        return {"rate": rate, "num_requests": num_requests}
+    return {"trace_speed": rate / trace_rate(settings["trace"], num_requests), "num_requests": num_requests}
+
+
 def probe_seed(settings: dict[str, Any], slos: Slos, rate: float, num_requests: int) -> Probe:
     from simulator.metrics.summary import build_tables, summarize
     from simulator.run.simulate import simulate
 
-    config = RunConfig(**settings | {"rate": rate, "num_requests": num_requests, "percentiles": slos.percentiles(),
-                                     "goodput": slos.goodput})
+    config = RunConfig(**settings | load_settings(settings, rate, num_requests)
+                       | {"percentiles": slos.percentiles(), "goodput": slos.goodput})
     result = simulate(config)
     summary = summarize(result, build_tables(result, tokens=False))
     values = slos.measure(summary)

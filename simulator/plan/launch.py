@@ -23,16 +23,19 @@ PORT = 8000
 
 
 def simulate_args(settings: dict[str, Any], rate: float, num_requests: int) -> str:
-    """The `simulate run` command that reruns `settings` at `rate`: every setting away from its default."""
+    """The `simulate run` command that reruns `settings` at `rate`: every setting away from its default
+    (a trace's speed scaled to the rate)."""
+    from simulator.plan.capacity import load_settings
+
     args = ["simulate", "run"]
-    for name, value in settings.items():
-        if name in SKIPPED or name in ("rate", "num_requests") or value == DEFAULTS[name]:
+    load = load_settings(settings, rate, num_requests)
+    for name, value in (settings | load).items():
+        if name in SKIPPED or value == DEFAULTS[name]:
             continue
         if isinstance(value, bool):
             args.append(flag(name) if value else f"--no-{flag(name)[2:]}")
         else:
-            args += [flag(name), f"{value:g}" if isinstance(value, float) else str(value)]
-    args += ["--rate", repr(rate), "--num-requests", str(num_requests)]
+            args += [flag(name), repr(value) if isinstance(value, float) else str(value)]
     return shlex.join(args)
 
 
@@ -101,6 +104,9 @@ def launch(settings: dict[str, Any]) -> str:
 
 def bench_params(settings: dict[str, Any], rate: float, num_requests: int) -> dict[str, Any]:
     """`vllm bench serve` flags that send the plan's workload at `rate` (a bench_params.json object)."""
+    if settings.get("trace") is not None:  # vllm bench's custom dataset reads the prompts; servesim read the trace
+        return {"dataset_name": "custom", "dataset_path": settings["trace"], "request_rate": round(rate, 4),
+                "num_prompts": num_requests}
     params: dict[str, Any] = {"dataset_name": "random", "random_input_len": settings["input_len"],
                               "random_output_len": settings["output_len"], "request_rate": round(rate, 4),
                               "num_prompts": num_requests, "seed": settings["seed"]}

@@ -23,7 +23,16 @@ from typing import Any
 from simulator.errors import InputError
 from simulator.plan.capacity import GROWTH, PRECISION, Capacity, deployment_bound, find_capacity, probe, requests_for
 from simulator.plan.slo import Slos
-from simulator.plan.space import Deployment, pool_fleets, refusal, replica_fleets, server_settings
+from simulator.plan.space import (
+    FLEET_SETTINGS,
+    Deployment,
+    pool_fleets,
+    refusal,
+    replica_fleets,
+    routers_for,
+    server_settings,
+    symmetric,
+)
 
 FLEET_CANDIDATES = 2
 """Servers of each TP size and GPU whose fleets (other routers, P/D pools) are searched."""
@@ -54,6 +63,12 @@ class PlanSpec:
             raise InputError(f"--precision must be in (0, 1), got {self.precision}")
         if not 1 <= self.seeds <= 100:
             raise InputError(f"--seeds must be an integer in [1, 100], got {self.seeds}")
+
+    @property
+    def fleet_axes(self) -> dict[str, list[Any]]:
+        """The fleet settings given, one value or several, as lists."""
+        fixed = {name: [value] for name, value in self.fixed.items() if name in FLEET_SETTINGS}
+        return fixed | {name: values for name, values in self.axes.items() if name in FLEET_SETTINGS}
 
     def price(self, deployment: Deployment) -> float | None:
         """USD per hour of `deployment`, None where its GPU has no price."""
@@ -243,15 +258,17 @@ def search(spec: PlanSpec) -> list[Outcome]:
 
 
 def random_fleets(singles: list[Outcome], spec: PlanSpec) -> list[Outcome]:
-    """k replicas behind the random router: k times one server's capacity (Poisson thinning)."""
+    """k replicas behind the random router: k times one server's capacity (Poisson thinning), for a
+    workload where that holds (`symmetric`)."""
     outcomes = []
     for single in singles:
-        if single.capacity is None or single.capacity.at is None:
+        settings = single.deployment.settings
+        if single.capacity is None or single.capacity.at is None or not symmetric(settings):
             continue
-        for fleet in replica_fleets(single.deployment.settings, {**spec.axes, "router": ["random"]}, spec.max_gpus,
+        if "random" not in routers_for(settings, spec.fleet_axes):
+            continue
+        for fleet in replica_fleets(settings, spec.fleet_axes | {"router": ["random"]}, spec.max_gpus,
                                     all_sizes=spec.target_rate is not None):
-            if "router" in spec.axes and "random" not in spec.axes["router"]:
-                continue
             k = fleet.settings["num_replicas"]
             outcomes.append(Outcome(fleet, single.bound * k, single.capacity.scaled(
                 k, f"{k} x one replica: each sees a Poisson stream of R/{k}"), how="symmetry",
@@ -260,30 +277,28 @@ def random_fleets(singles: list[Outcome], spec: PlanSpec) -> list[Outcome]:
 
 
 def fleet_tasks(singles: list[Outcome], spec: PlanSpec) -> list[tuple[Deployment, float]]:
-    """(fleet, start rate) for the other routers and the pools of the best servers of each TP and GPU."""
+    """(fleet, start rate) for the routers not derived by symmetry and the pools of the best servers
+    of each TP and GPU."""
     ranked: dict[tuple[Any, ...], list[Outcome]] = {}
     for single in singles:
         if single.capacity is not None and single.capacity.max_rate > 0:
             s = single.deployment.settings
             ranked.setdefault((s["gpu"], s["tensor_parallel_size"]), []).append(single)
     tasks: list[tuple[Deployment, float]] = []
-    routers = [r for r in spec.axes.get("router", []) if r != "random"] or None
+    axes = spec.fleet_axes
     pools_done: set[str] = set()
     for group in ranked.values():
         group.sort(key=lambda o: -o.capacity.max_rate if o.capacity else 0.0)
         for single in group[:FLEET_CANDIDATES]:
             assert single.capacity is not None
-            c1 = single.capacity.max_rate
-            axes = dict(spec.axes)
-            if routers is not None:
-                axes["router"] = routers
-            for fleet in replica_fleets(single.deployment.settings, axes, spec.max_gpus, spec.target_rate is not None):
-                if fleet.settings["router"] != "random":
+            c1, settings = single.capacity.max_rate, single.deployment.settings
+            routers = [r for r in routers_for(settings, axes) if r != "random" or not symmetric(settings)]
+            if routers:
+                for fleet in replica_fleets(settings, axes | {"router": routers}, spec.max_gpus,
+                                            spec.target_rate is not None):
                     tasks.append((fleet, c1 * fleet.settings["num_replicas"]))
-            if single.deployment.settings["tensor_parallel_size"] == 1 and single.deployment.settings["policy"] != \
-                    "static" and "num_replicas" not in spec.axes:
-                for fleet in pool_fleets(single.deployment.settings, spec.axes, spec.max_gpus,
-                                         spec.target_rate is not None):
+            if settings["tensor_parallel_size"] == 1 and settings["policy"] != "static" and "num_replicas" not in axes:
+                for fleet in pool_fleets(settings, axes, spec.max_gpus, spec.target_rate is not None):
                     if fleet.key not in pools_done:
                         pools_done.add(fleet.key)
                         tasks.append((fleet, c1 * fleet.gpus * 0.8))

@@ -99,9 +99,20 @@ def replica_fleets(server: dict[str, Any], axes: dict[str, list[Any]], max_gpus:
     tp = server["tensor_parallel_size"]
     most = max_gpus // tp
     counts = axes.get("num_replicas") or (list(range(2, most + 1)) if all_sizes else [most])
-    routers = axes.get("router") or [*ROUTERS, *(["prefix-aware"] if server.get("prefix_len") else [])]
     return [Deployment(server | {"num_replicas": count, "router": router})
-            for count in counts if 1 < count and count * tp <= max_gpus for router in routers]
+            for count in counts if 1 < count and count * tp <= max_gpus for router in routers_for(server, axes)]
+
+
+def routers_for(server: dict[str, Any], axes: dict[str, list[Any]]) -> list[str]:
+    """The routers given, else `ROUTERS` (and prefix-aware where prompts share prefixes)."""
+    return axes.get("router") or [*ROUTERS, *(["prefix-aware"] if server.get("prefix_len") else [])]
+
+
+def symmetric(settings: dict[str, Any]) -> bool:
+    """Whether k replicas behind the random router each see what one replica at R/k sees: a Poisson
+    stream of independent requests, which random routing thins into Poisson streams (not a trace,
+    gamma gaps of another shape, or a concurrency cap)."""
+    return settings.get("trace") is None and settings["burstiness"] == 1.0 and settings.get("concurrency") is None
 
 
 def pool_fleets(server: dict[str, Any], axes: dict[str, list[Any]], max_gpus: int, all_sizes: bool
@@ -132,7 +143,8 @@ def refusal(deployment: Deployment) -> str | None:
     from simulator.run.simulate import build_workload
 
     try:
-        config = RunConfig(**deployment.settings | {"rate": 1.0, "num_requests": 64})
+        load = {"num_requests": 64} | ({"rate": 1.0} if deployment.settings.get("trace") is None else {})
+        config = RunConfig(**deployment.settings | load)
         unused = config.unused_settings()
         if unused:
             return f"--policy {config.policy} does not use {', '.join(unused)}"
