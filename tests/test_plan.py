@@ -170,3 +170,33 @@ def test_a_trace_is_scaled_by_its_speed_and_its_random_fleets_are_simulated(tmp_
     fleet = rows.filter(pl.col("num_replicas") == 2).row(0, named=True)
     assert fleet["how"] == "simulated" and "--trace-speed" in fleet["simulate_args"]
     assert "--rate" not in fleet["simulate_args"]
+
+
+def test_an_interrupted_plan_resumes_from_its_kept_probes(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    import simulator.plan.search as search
+
+    pinned = ["--policy", "chunked", "--max-num-batched-tokens", "512,2048", "--num-replicas", "1"]
+    whole, _ = plan_rows(tmp_path, capsys, *pinned)
+    real = search.probe
+    calls: list[float] = []
+
+    def counted(settings: dict[str, object], slos: object, rate: float, *args: object) -> object:
+        if len(calls) == 3 and interrupt:
+            raise KeyboardInterrupt
+        calls.append(rate)
+        return real(settings, slos, rate, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(search, "probe", counted)
+    out = tmp_path / "resumed"
+    interrupt = True
+    code, _, err = simulate_cli(["plan", *SMALL, *pinned, "--out", str(out)], capsys)  # Ctrl-C
+    assert code == 1 and "aborted" in err
+    assert not (out / "plan.parquet").exists() and len(list((out / ".probes").glob("*.jsonl"))) == 1
+    interrupt = False
+    code, stdout, err = simulate_cli(["plan", *SMALL, *pinned, "--out", str(out)], capsys)
+    assert code == 0 and "resuming the plan" in stdout, err
+    total = int(whole["probes"].sum())
+    assert len(calls) == total  # three before the interruption, the rest after: none twice
+    resumed = pl.read_parquet(out / "plan.parquet")
+    assert resumed.drop("launch").equals(whole.drop("launch")) and not (out / ".probes").exists()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -117,6 +118,7 @@ def plan_command(out: Path | None, spec_file: Path | None, max_gpus: int, gpu_ho
     """Plan a deployment: the most load per GPU, or the fewest GPUs for --rate, within latency SLOs."""
     from simulator.outputs.run_folder import check_out_dir, default_run_dir
     from simulator.plan.capacity import PRECISION
+    from simulator.plan.resume import PROBES
     from simulator.plan.rows import TOP, ranked, row, write_plan
     from simulator.plan.search import PlanSpec, search
     from simulator.plan.slo import build_slos
@@ -144,14 +146,17 @@ def plan_command(out: Path | None, spec_file: Path | None, max_gpus: int, gpu_ho
         share = SettingType("margin", Range(float, 0.0, 0.99, "of each limit")).convert(margin, None, None)
     fixed = {name: values[0] for name, values in axes.items() if len(values) == 1}
     lists = {name: values for name, values in axes.items() if len(values) > 1}
+    resuming = out is not None and (out / PROBES).is_dir() and not (out / "plan.parquet").exists()
+    if out is not None and not resuming:
+        check_out_dir(out)
+    out = out or default_run_dir(RESULTS_DIR, "plan")
+    if resuming:
+        click.echo(f"resuming the plan interrupted in {out}/: its probes are read back, not simulated again")
     spec = PlanSpec(fixed, lists, slos.tightened(share) if share else slos, max_gpus, hourly_costs(gpu_hourly_cost),
                     target, precision if precision is not None else PRECISION,
-                    jobs if jobs is not None else len(os.sched_getaffinity(0)), exhaustive, seeds)
-    if out is not None:
-        check_out_dir(out)
+                    jobs if jobs is not None else len(os.sched_getaffinity(0)), exhaustive, seeds, str(out))
     outcomes = search(spec)
     rows = [row(outcome, spec) for outcome in outcomes]
-    out = out or default_run_dir(RESULTS_DIR, "plan")
     metadata = {"plan": {"axes": {k: [str(v) for v in vs] for k, vs in axes.items()}, "slos": slos.sla_params(),
                          "margin": share, "max_gpus": max_gpus, "target_rate": target, "precision": spec.precision}}
     top = write_plan(out, outcomes, rows, spec, metadata)
@@ -177,8 +182,9 @@ def plan_command(out: Path | None, spec_file: Path | None, max_gpus: int, gpu_ho
         click.echo(f"rerun: {pick['simulate_args']}")
     if share:
         base = PlanSpec(fixed, lists, slos, max_gpus, spec.hourly_cost, target, spec.precision, spec.jobs, exhaustive,
-                        seeds)
+                        seeds, str(out))
         plain = ranked([row(o, base) for o in search(base)], base)
         without = f"{describe(plain[0])}, {plain[0]['max_rate']:.2f} req/s" if plain else "none"
         click.echo(f"without the margin the pick would be: {without}")
+    shutil.rmtree(out / PROBES, ignore_errors=True)  # the plan is whole: nothing left to resume
     click.echo(f"wrote {out}/ (plan.parquet; serve_params.json, bench_params.json for the top {TOP}; sla_params.json)")

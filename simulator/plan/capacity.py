@@ -137,12 +137,12 @@ class Capacity:
 
 
 def find_capacity(run: Callable[[float], Probe], start: float, ceiling: float = math.inf,
-                  precision: float = PRECISION) -> Capacity:
-    """Bracket then bisect the highest passing rate of `run`, starting at `start`; rates above
-    `ceiling` (a throughput bound) fail without a probe."""
+                  precision: float = PRECISION, passed: Probe | None = None) -> Capacity:
+    """Bracket then bisect the highest passing rate of `run`, starting at `start`, or growing from
+    `passed` (a probe already met); rates above `ceiling` (a throughput bound) fail without a probe."""
     if not start > 0:
         raise InputError(f"a capacity search needs a positive start rate, got {start}")
-    probes: list[Probe] = []
+    probes: list[Probe] = [passed] if passed is not None else []
 
     def judge(rate: float) -> Probe:
         result = run(rate)
@@ -151,7 +151,7 @@ def find_capacity(run: Callable[[float], Probe], start: float, ceiling: float = 
 
     low: Probe | None = None
     high: float | None = None
-    first = judge(min(start, ceiling))
+    first = passed if passed is not None else judge(min(start, ceiling))
     if first.met:
         low = first
         while len(probes) < MAX_PROBES:

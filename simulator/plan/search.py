@@ -21,7 +21,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from simulator.errors import InputError
-from simulator.plan.capacity import GROWTH, PRECISION, Capacity, deployment_bound, find_capacity, probe, requests_for
+from simulator.plan.capacity import (
+    PRECISION,
+    Capacity,
+    Probe,
+    deployment_bound,
+    find_capacity,
+    probe,
+    requests_for,
+)
+from simulator.plan.resume import ProbeStore
 from simulator.plan.slo import Slos
 from simulator.plan.space import (
     FLEET_SETTINGS,
@@ -55,6 +64,8 @@ class PlanSpec:
     """Search every deployment's capacity (a whole frontier): no bound or screen skips any."""
     seeds: int = 1
     """Seeds a close decision rests on (`simulator.plan.capacity.probe`)."""
+    folder: str | None = None
+    """Where probes are kept for a rerun to resume from (`simulator.plan.resume`)."""
 
     def __post_init__(self) -> None:
         if not 1 <= self.max_gpus <= 4096:
@@ -92,30 +103,38 @@ class Outcome:
 
 
 def evaluate(deployment: Deployment, slos: Slos, start: float, bound: float, precision: float,
-             target: float | None, seeds: int = 1, needed: float = 0.0) -> Outcome:
-    """One deployment's capacity (with `target`: its verdict at that rate alone), simulated; when it
-    fails at `needed` (the rate it must serve to beat the best found) the search stops there."""
+             target: float | None, seeds: int = 1, store: ProbeStore | None = None, needed: float = 0.0) -> Outcome:
+    """One deployment's capacity (with `target`: its verdict at that rate alone), simulated, each probe
+    kept in `store` (`simulator.plan.resume`); when it fails at `needed` (the rate it must serve to
+    beat the best found) the search stops there."""
     servers = deployment.servers
     count = requests_for(slos, servers)
     settings = deployment.settings
 
-    def run(rate: float) -> Any:
-        return probe(settings, slos, rate, count, seeds)
+    def run(rate: float) -> Probe:
+        if store is None:
+            return probe(settings, slos, rate, count, seeds)
+        key = store.key(settings, slos, rate, count, seeds)
+        if key in store.kept:
+            return store.kept[key]
+        result = probe(settings, slos, rate, count, seeds)
+        store.keep(key, result)
+        return result
 
     if target is not None:
         result = run(target)
         capacity = Capacity(target if result.met else 0.0, None if result.met else target,
                             result if result.met else None, [result])
         return Outcome(deployment, bound, capacity, num_requests=count, how="probed at --rate")
+    screen = None
     if needed > 0:
         screen = run(needed)
         if not screen.met:
             return Outcome(deployment, bound, Capacity(math.nan, needed, None, [screen]),
                            reason=f"fails at {needed:.3g} req/s, the rate it needs to beat the best found",
                            how="screened", num_requests=count)
-        start = max(start, needed * GROWTH)
     try:
-        capacity = find_capacity(run, start, bound, precision)
+        capacity = find_capacity(run, start, bound, precision, passed=screen)
     except InputError as exc:
         return Outcome(deployment, bound, reason=str(exc), how="refused")
     return Outcome(deployment, bound, capacity, num_requests=count)
@@ -217,7 +236,7 @@ class Best:
         if self.spec.value(deployment, bound) < self.value:
             return Outcome(deployment, bound, reason=f"its bound, {bound:.3g} req/s, cannot beat the best found",
                            how="skipped by its bound")
-        return (*task[:7], self.value / self.spec.value(deployment, 1.0))
+        return (*task[:8], self.value / self.spec.value(deployment, 1.0))
 
 
 def search(spec: PlanSpec) -> list[Outcome]:
@@ -226,10 +245,11 @@ def search(spec: PlanSpec) -> list[Outcome]:
     servers = [Deployment(s) for s in server_settings(spec.fixed, spec.axes, spec.max_gpus)]
     runnable, outcomes = bounded(servers, slos)
     best = Best(spec)
+    store = ProbeStore.open(spec.folder) if spec.folder is not None else None
     runner = Runner(spec.jobs)
     try:
         runnable.sort(key=lambda item: -spec.value(item[0], item[1]))
-        tasks = [(d, slos, 0.5 * b if math.isfinite(b) else 1.0, b, spec.precision, None, spec.seeds)
+        tasks = [(d, slos, 0.5 * b if math.isfinite(b) else 1.0, b, spec.precision, None, spec.seeds, store)
                  for d, b in runnable]
         singles = []
         for outcome in runner.map(tasks, best.prepare):
@@ -243,7 +263,7 @@ def search(spec: PlanSpec) -> list[Outcome]:
         runnable_fleets, refused = bounded([d for d, _ in fleets], slos)
         outcomes += refused
         starts = {d.key: start for d, start in fleets}
-        fleet_list = [(d, slos, min(starts[d.key], b), b, spec.precision, spec.target_rate, spec.seeds)
+        fleet_list = [(d, slos, min(starts[d.key], b), b, spec.precision, spec.target_rate, spec.seeds, store)
                       for d, b in runnable_fleets]
         if spec.target_rate is None:
             fleet_list.sort(key=lambda task: -spec.value(task[0], task[3]))
