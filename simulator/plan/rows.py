@@ -36,8 +36,7 @@ def row(outcome: Outcome, spec: PlanSpec) -> dict[str, Any]:
         "cost_per_million_tokens": price / 3600 / tokens * 1e6 if price and tokens > 0 else None,
         "viable": capacity is not None and capacity.at is not None and outcome.reason is None,
         "reason": outcome.reason or (capacity.note if capacity is not None and capacity.at is None else None),
-        "how": outcome.how if not capacity or not capacity.note or outcome.how != "symmetry"
-        else f"symmetry: {capacity.note}",
+        "how": f"symmetry: {capacity.note}" if outcome.how == "symmetry" and capacity else outcome.how,
         "simulate_args": simulate_args(deployment.settings, rate, outcome.num_requests)
         if at is not None else None,
         "launch": launch(deployment.settings),

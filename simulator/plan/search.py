@@ -1,13 +1,16 @@
 """The search: every deployment of the space, its capacity found, bounded or derived, one row each.
 
 Single servers come first: each one's capacity is searched (`simulator.plan.capacity`), in parallel
-over `jobs` processes, best analytic bound per GPU (or per dollar) first, skipping a server whose
-bound cannot beat the best capacity found. Replicas behind the random router are not simulated:
-each of k replicas sees a Poisson stream of R/k (a Poisson stream thinned at random), so k of them
-serve exactly k times one server's capacity with the same latencies. Replicas behind the other
-routers and prefill/decode pools are then searched for the best `FLEET_CANDIDATES` servers of each
-tensor-parallel size and GPU, from the random router's capacity up. With a target rate, the fewest
-GPUs (or the cheapest) that serve it: every fleet size, each probed at the target.
+over `jobs` processes, best analytic bound per GPU (or per dollar) first. A server whose bound
+cannot beat the best capacity found is skipped, and one that fails at the rate it needs to beat it
+(one probe) is screened out, unless the plan is exhaustive. Replicas behind the random router are
+not simulated where the arrivals are a Poisson stream (`simulator.plan.space.symmetric`): each of k
+replicas then sees a Poisson stream of R/k, so k of them serve exactly k times one server's capacity
+with the same latencies. Replicas behind the other routers and prefill/decode pools are then
+searched for the best `FLEET_CANDIDATES` servers of each tensor-parallel size and GPU, from the
+random router's capacity up. With a target rate, the fewest GPUs (or the cheapest) that serve it:
+every fleet size, each probed at the target, skipping those that cost more than the cheapest found.
+Every probe is kept in the plan folder (`simulator.plan.resume`) for an interrupted plan to resume.
 """
 
 from __future__ import annotations
