@@ -200,3 +200,17 @@ def test_an_interrupted_plan_resumes_from_its_kept_probes(tmp_path: Path, capsys
     assert len(calls) == total  # three before the interruption, the rest after: none twice
     resumed = pl.read_parquet(out / "plan.parquet")
     assert resumed.drop("launch").equals(whole.drop("launch")) and not (out / ".probes").exists()
+
+
+def test_goodput_attainment_holds_at_max_rate_on_a_rerun(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "plan"
+    code, stdout, err = simulate_cli(["plan", *SMALL[:-4], "--policy", "chunked", "--max-num-batched-tokens", "512",
+                                      "--num-replicas", "1", "--goodput", "ttft:400 tpot:25", "--slo-attainment",
+                                      "0.95", "--out", str(out)], capsys)
+    assert code == 0 and "0.95 of requests meeting ttft<=400 ms and tpot<=25 ms" in stdout, err
+    row = pl.read_parquet(out / "plan.parquet").filter(pl.col("how") == "simulated").row(0, named=True)
+    args = shlex.split(row["simulate_args"])
+    assert args[args.index("--goodput") + 1] == "ttft:400 tpot:25"
+    summary = slo_values(tmp_path, args, capsys)
+    assert summary["good_requests"] / summary["completed"] >= 0.95
+    assert row["slo_attainment"] == summary["good_requests"] / summary["completed"]

@@ -164,7 +164,11 @@ def plan_command(out: Path | None, spec_file: Path | None, max_gpus: int, gpu_ho
     for r in rows:
         counts[r["how"].split(":")[0]] = counts.get(r["how"].split(":")[0], 0) + 1
     click.echo(f"{len(rows)} deployments: " + ", ".join(f"{n} {how}" for how, n in sorted(counts.items())))
-    click.echo(f"SLOs: {', '.join(s.text() for s in spec.slos.limits) or '-'}"
+    good_limits = [f"{metric}<={limit * 1e3:g} ms" for metric, limit in spec.slos.goodput]
+    slo_texts = [s.text() for s in spec.slos.limits]
+    if good_limits:
+        slo_texts.append(f"{spec.slos.attainment:.3g} of requests meeting {' and '.join(good_limits)}")
+    click.echo(f"SLOs: {', '.join(slo_texts)}"
                + (f" (tightened {share:.0%})" if share else "")
                + f"; capacities within {spec.precision:.0%} (the bracket: highest rate met, lowest missed)")
     if not top:

@@ -15,6 +15,7 @@ import shlex
 from typing import Any
 
 from simulator.config import DEFAULTS
+from simulator.plan.slo import Slos
 from simulator.sweep.grid import flag
 
 NIXL = '{"kv_connector":"NixlConnector","kv_role":"kv_both"}'
@@ -22,9 +23,9 @@ SKIPPED = ("percentiles", "goodput", "duration")
 PORT = 8000
 
 
-def simulate_args(settings: dict[str, Any], rate: float, num_requests: int) -> str:
+def simulate_args(settings: dict[str, Any], rate: float, num_requests: int, slos: Slos | None = None) -> str:
     """The `simulate run` command that reruns `settings` at `rate`: every setting away from its default
-    (a trace's speed scaled to the rate)."""
+    (a trace's speed scaled to the rate), and the percentiles and goodput SLOs that `slos` judge."""
     from simulator.plan.capacity import load_settings
 
     args = ["simulate", "run"]
@@ -36,6 +37,10 @@ def simulate_args(settings: dict[str, Any], rate: float, num_requests: int) -> s
             args.append(flag(name) if value else f"--no-{flag(name)[2:]}")
         else:
             args += [flag(name), repr(value) if isinstance(value, float) else str(value)]
+    if slos is not None:
+        args += ["--percentiles", ",".join(f"{q:g}" for q in slos.percentiles())]
+        if slos.goodput:
+            args += ["--goodput", " ".join(f"{metric}:{limit * 1e3:g}" for metric, limit in slos.goodput)]
     return shlex.join(args)
 
 

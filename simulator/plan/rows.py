@@ -37,7 +37,7 @@ def row(outcome: Outcome, spec: PlanSpec) -> dict[str, Any]:
         "viable": capacity is not None and capacity.at is not None and outcome.reason is None,
         "reason": outcome.reason or (capacity.note if capacity is not None and capacity.at is None else None),
         "how": f"symmetry: {capacity.note}" if outcome.how == "symmetry" and capacity else outcome.how,
-        "simulate_args": simulate_args(deployment.settings, rate, outcome.num_requests)
+        "simulate_args": simulate_args(deployment.settings, rate, outcome.num_requests, spec.slos)
         if at is not None else None,
         "launch": launch(deployment.settings),
     }

@@ -177,7 +177,9 @@ class Slos:
                     tuple((metric, limit * (1 - margin)) for metric, limit in self.goodput), self.attainment)
 
     def sla_params(self) -> list[dict[str, str]]:
-        """vLLM serve_sla's --sla-params: one SLA of every limit (goodput SLOs as their p-attainment)."""
+        """vLLM serve_sla's --sla-params: one SLA of every limit. serve_sla has no joint attainment, so a
+        goodput SLO is written as its own percentile at the attainment (p99 TTFT for 99% within the TTFT
+        limit): each request meeting every SLO implies these, not the other way round."""
         record = {slo.name: f"{slo.operator}{slo.limit * 1e3:g}" for slo in self.limits}
         quantile = f"p{self.attainment * 100:g}"
         for metric, limit in self.goodput:
