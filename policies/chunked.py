@@ -61,7 +61,7 @@ class ChunkedPrefill:
     def max_step_tokens(self, longest_prompt: int) -> int:
         return self.max_num_batched_tokens
 
-    def check_prompts(self, prompt_tokens: Sequence[int]) -> None:
+    def check_prompts(self, prompt_tokens: Sequence[int], output_tokens: Sequence[int]) -> None:
         """Chunks fit any prompt into the budget."""
 
     def admission_order(self, view: View) -> Iterable[Request]:

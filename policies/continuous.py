@@ -78,13 +78,23 @@ class ContinuousBatching:
     def max_step_tokens(self, longest_prompt: int) -> int:
         return self.max_num_batched_tokens
 
-    def check_prompts(self, prompt_tokens: Sequence[int]) -> None:
-        longest = max(range(len(prompt_tokens)), key=prompt_tokens.__getitem__)
-        if prompt_tokens[longest] > self.max_num_batched_tokens:
-            raise InputError(f"request {longest} has a {prompt_tokens[longest]}-token prompt, larger than "
+    def check_prompts(self, prompt_tokens: Sequence[int], output_tokens: Sequence[int]) -> None:
+        """A prompt is computed whole, and so is a preempted request's recomputation: its prompt and
+        every token it emitted, up to all but its last. vLLM refuses such a budget below
+        --max-model-len when chunking is off; here, below the longest request of the workload."""
+        recomputed = [prompt + max(output - 1, 0) for prompt, output in zip(prompt_tokens, output_tokens, strict=True)]
+        longest = max(range(len(recomputed)), key=recomputed.__getitem__)
+        if recomputed[longest] <= self.max_num_batched_tokens:
+            return
+        prompt, output = prompt_tokens[longest], output_tokens[longest]
+        if prompt > self.max_num_batched_tokens:
+            raise InputError(f"request {longest} has a {prompt}-token prompt, larger than "
                              f"--max-num-batched-tokens {self.max_num_batched_tokens}: without chunking it can "
                              "never be scheduled (use --policy chunked, or raise --max-num-batched-tokens)")
-
+        raise InputError(f"request {longest} may have to recompute {recomputed[longest]} tokens after a preemption "
+                         f"({prompt} prompt + {output - 1} emitted), more than --max-num-batched-tokens "
+                         f"{self.max_num_batched_tokens}: without chunking it could never be rescheduled (use "
+                         f"--policy chunked, or raise --max-num-batched-tokens to {recomputed[longest]})")
 
 def build(settings: RunSettings) -> ContinuousBatching:
     return ContinuousBatching(settings.max_num_seqs, settings.max_num_batched_tokens)

@@ -54,7 +54,7 @@ class StaticBatching:
     def max_step_tokens(self, longest_prompt: int) -> int:
         return self.max_batch_size * longest_prompt  # a whole batch padded to the longest prompt
 
-    def check_prompts(self, prompt_tokens: Sequence[int]) -> None:
+    def check_prompts(self, prompt_tokens: Sequence[int], output_tokens: Sequence[int]) -> None:
         """A batch of one fits any prompt the KV cache holds."""
 
 

@@ -23,8 +23,8 @@ def simulate(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, 
     ("rnu", "no such command 'rnu' (did you mean 'run'?)"),
     ("batch-tabel", "no such command 'batch-tabel' (did you mean 'batch-table'?)"),
     ("reprot", "no such command 'reprot' (did you mean 'report'?)"),
-    ("xyzzy", "no such command 'xyzzy' (the commands are batch-table, calibrate, compare, fit, report, run, "
-              "sweep, validate)"),
+    ("xyzzy", "no such command 'xyzzy' (the commands are batch-table, calibrate, compare, fit, plan, report, "
+              "run, sweep, validate)"),
     ("\u00e9" * 500, "no such command '\u00e9\u00e9\u00e9"),
 ])
 def test_a_mistyped_verb_gets_a_suggestion(word: str, said: str, capsys: pytest.CaptureFixture[str]) -> None:

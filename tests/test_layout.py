@@ -28,6 +28,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("simulator.metrics",),
     ("simulator.outputs",),
     ("simulator.sim2real", "simulator.sweep"),
+    ("simulator.plan",),
     ("simulator.report",),
     ("simulator.cli", "calibration"),
 )

@@ -91,10 +91,10 @@ def test_preemption_by_recompute_when_kv_is_short() -> None:
     assert b.emitted == b.output_tokens
 
 
-def test_stall_after_preemption_is_reported_not_hung() -> None:
-    # Same squeeze, but without chunking B's recompute (9 tokens) exceeds the 8-token budget, so
-    # nothing can ever run it: one clear error instead of an endless idle loop.
-    with pytest.raises(InputError, match="scheduled nothing"):
+def test_a_budget_below_a_recompute_is_refused_at_the_start() -> None:
+    # Same squeeze, but without chunking B's recompute (4 prompt + 5 emitted = 9 tokens) would exceed
+    # the 8-token budget, so nothing could ever run it again: refused before the run, not stalled in it.
+    with pytest.raises(InputError, match=r"recompute 9 tokens after a preemption \(4 prompt \+ 5 emitted\)"):
         run("continuous", [0.0, 0.0], [4, 4], [6, 6], block_size=4, num_gpu_blocks_override=4,
             max_num_batched_tokens=8, max_num_seqs=2)
 

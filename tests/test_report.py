@@ -266,6 +266,17 @@ def test_sweep_figures_average_seeds_and_mark_the_knee(sweep_file: Path) -> None
     assert list(load["chunked knee"].x) == [8.0] and list(load["static knee"].x) == [4.0]
 
 
+def test_slo_capacity_is_the_last_load_before_the_first_that_fails_its_slos() -> None:
+    from simulator.report.figures import slo_capacity
+
+    group = pl.DataFrame({"rate": [1.0, 2.0, 3.0, 4.0], "overloaded": [False, False, False, True],
+                          "completed": [100, 100, 100, 100], "good_requests": [100, 99, 98, 40]})
+    assert slo_capacity(group, "rate") == 2.0  # 98 of 100 good at rate 3 is under 99%
+    assert slo_capacity(group.with_columns(good_requests=pl.lit(100)), "rate") == 3.0  # then overloaded at 4
+    assert slo_capacity(group.with_columns(good_requests=pl.lit(10)), "rate") is None
+    assert slo_capacity(group.drop("good_requests"), "rate") is None
+
+
 def test_knee_needs_an_overloaded_point() -> None:
     group = pl.DataFrame({"rate": [1.0, 2.0, 3.0], "overloaded": [False, False, False]})
     assert knee(group, "rate") is None

@@ -135,6 +135,7 @@ def compare_command(results: tuple[Path, ...], gpu: tuple[str, ...], tensor_para
     from simulator.sim2real.compare import ROW_SCHEMA, Scheduler, summary, with_deployment
     from simulator.sim2real.measured import read_measured
     from simulator.sim2real.units import run_units, units_of
+    from simulator.sim2real.regret import regret_lines
 
     if kv_cache_dtype != "auto":
         raise InputError(f"--kv-cache-dtype {kv_cache_dtype} is not replayed: the measured servers ran the "
@@ -184,6 +185,7 @@ def compare_command(results: tuple[Path, ...], gpu: tuple[str, ...], tensor_para
         click.echo("\nmedian |error|:")
         for r in table.iter_rows(named=True):
             click.echo(f"  {r['group']:<30}{r['statistic']:<22}{r['median_abs_error']:>8.1%}  ({r['points']} points)")
+        click.echo("\n" + "\n".join(regret_lines(rows)))
     print_models(resolver)
     print_notes(notes)
     print_skips(skipped, total)

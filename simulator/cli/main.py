@@ -28,6 +28,7 @@ VERBS = {
     "run": "simulator.cli.run_command:run_command",
     "batch-table": "simulator.cli.batch_table_command:batch_table_command",
     "sweep": "simulator.cli.sweep_command:sweep_command",
+    "plan": "simulator.cli.plan_command:plan_command",
     "calibrate": "calibration.measure:calibrate_command",
     "validate": "calibration.validate:validate_command",
     "report": "simulator.cli.report_command:report_command",

@@ -125,5 +125,6 @@ class Policy(Protocol):
     def max_step_tokens(self, longest_prompt: int) -> int:
         """The most tokens one of its steps can compute (activation memory is reserved for it)."""
 
-    def check_prompts(self, prompt_tokens: Sequence[int]) -> None:
-        """Refuse (InputError) a workload whose prompts it could never schedule."""
+    def check_prompts(self, prompt_tokens: Sequence[int], output_tokens: Sequence[int]) -> None:
+        """Refuse (InputError) a workload whose requests it could never schedule, or never schedule
+        again after a preemption (which recomputes the prompt and every token emitted so far)."""

@@ -1,8 +1,11 @@
 """The report figures (plotly) of a sweep file and of the chapter's batch table, and the page they go on.
 
 A sweep: throughput against median and tail latency, goodput (or throughput) against the offered
-load, and each group's saturation knee: the highest load it kept up with before the first
-overloaded one. The figures show seconds as ms. A run's figures are in `simulator.report.run_figures`.
+load, each group's saturation point (its "knee": the highest load it kept up with before the first
+overloaded one, where throughput stops following the load; no latency target is met there), and,
+when the sweep has SLOs (--goodput), each group's SLO capacity: the highest load, below the first
+that fails, at which at least `SLO_ATTAINMENT` of the requests met every SLO and the server kept
+up. The figures show seconds as ms. A run's figures are in `simulator.report.run_figures`.
 """
 
 from __future__ import annotations
@@ -67,6 +70,24 @@ def knee(group: pl.DataFrame, axis: str) -> float | None:
     return float(group[axis][first - 1]) if first > 0 else None
 
 
+SLO_ATTAINMENT = 0.99
+"""The share of requests that must meet every SLO (DistServe's attainment, `simulate plan`'s default)."""
+
+
+def slo_capacity(group: pl.DataFrame, axis: str) -> float | None:
+    """The highest load below the first one that fails its SLOs (under `SLO_ATTAINMENT` of requests
+    good, or overloaded); None when the first load already fails or the rows hold no SLO counts."""
+    if "good_requests" not in group.columns or group["good_requests"].is_null().all():
+        return None
+    met = None
+    for row in group.iter_rows(named=True):
+        completed = row["completed"] or 0
+        if row["overloaded"] or not completed or row["good_requests"] < SLO_ATTAINMENT * completed:
+            break
+        met = float(row[axis])
+    return met
+
+
 def tail_stat(rows: pl.DataFrame, metric: str) -> str:
     """The highest percentile column summarised for `metric` (e.g. p99)."""
     percentiles = [float(c.split("_")[0][1:]) for c in rows.columns if c.startswith("p") and c.endswith(f"_{metric}")]
@@ -103,17 +124,24 @@ def load_figure(rows: pl.DataFrame, axis: str, curves: dict[str, pl.DataFrame]) 
         at = knee(group, axis)
         if at is not None:
             y = float(group.filter(pl.col(axis) == at)[metric][0])
-            fig.add_trace(go.Scatter(x=[at], y=[y], mode="markers+text", text=[f"knee {at:g}"],
+            fig.add_trace(go.Scatter(x=[at], y=[y], mode="markers+text", text=[f"saturation {at:g}"],
                                      textposition="top left", marker={"symbol": "star", "size": 16, "color": color},
                                      name=f"{label} knee", showlegend=False))
+        met = slo_capacity(group, axis)
+        if met is not None:
+            y = float(group.filter(pl.col(axis) == met)[metric][0])
+            fig.add_trace(go.Scatter(x=[met], y=[y], mode="markers+text", text=[f"SLO capacity {met:g}"],
+                                     textposition="bottom right", name=f"{label} SLO capacity", showlegend=False,
+                                     marker={"symbol": "triangle-up", "size": 14, "color": color}))
     if axis == "rate":
         top = rows[axis].filter(rows[axis].is_finite()).max()
         assert isinstance(top, float)
         fig.add_trace(go.Scatter(x=[0, top], y=[0, top], mode="lines", name="offered",
                                  line={"color": "gray", "dash": "dot"}))
     what = "goodput (req/s meeting every SLO)" if metric == "request_goodput" else "request throughput (req/s)"
+    slos = " and the triangle the SLO capacity" if "good_requests" in rows.columns else ""
     fig.update_layout(title=f"{what.split(' (')[0].capitalize()} against {axis}; x marks an overloaded run, "
-                            "the star the saturation knee", height=450,
+                            f"the star saturation (the last load kept up with; no SLO){slos}", height=450,
                       xaxis_title="offered rate (req/s)" if axis == "rate" else "concurrent clients",
                       yaxis_title=what)
     return fig

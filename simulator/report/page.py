@@ -190,7 +190,13 @@ def write_report(source: Path, out: Path | None = None) -> Path:
     if not source.exists():
         raise InputError(f"{str(source)!r} does not exist")
     subject = f"--out {str(out)!r}" if out is not None else None
-    if source.is_dir():
+    if source.is_dir() and (source / "plan.parquet").exists():
+        from simulator.report.plan import plan_page
+
+        intro, figures = plan_page(source)
+        out = out or source / "report.html"
+        write_page(out, f"servesim plan {source.name}", intro, figures, subject)
+    elif source.is_dir():
         run = read_run_folder(source)
         figures = run_figures(run.requests, run.steps, run.tokens, run.summary["kv_blocks"])
         out = out or source / "report.html"

@@ -60,7 +60,7 @@ def check_fits(workload: Workload, config: RunConfig, model: ModelSpec, kv_block
         limit = f"--max-model-len {config.max_model_len}" if config.max_model_len else f"{model.name}"
         raise InputError(f"{workload.describe(longest)} is {lengths[longest]} tokens long; "
                          f"{limit} takes at most {config.max_model_len or model.max_model_len}")
-    build_policy(config).check_prompts(workload.prompt_tokens.tolist())
+    build_policy(config).check_prompts(workload.prompt_tokens.tolist(), workload.output_tokens.tolist())
 
 
 def keeps_prefix_cache(config: RunConfig, workload: Workload, policy: Policy) -> bool:
