@@ -16,7 +16,8 @@ def rows(deployments: list[tuple[int, float, float, float, float]], group: str =
     11 output tokens (so tokens/s/GPU = c x 11 / (TTFT + 10 TPOT))."""
     found = []
     for i, (concurrency, ttft, tpot, sim_ttft, sim_tpot) in enumerate(deployments):
-        base = {"point": f"{group}-{i}", "group": group, "gpu": "h100_sxm", "model": "m", "tensor_parallel_size": 1,
+        base = {"point": f"{group}-{i}", "group": group, "backend": "vllm", "mode": "agg",
+                "gpu": "h100_sxm", "model": "m", "tensor_parallel_size": 1,
                 "quantization": "", "concurrency": concurrency, "rate": None, "input_len": 100.0,
                 "output_len": 11.0}
         for statistic, measured, simulated in (("ttft_mean", ttft, sim_ttft), ("tpot_mean", tpot, sim_tpot)):
@@ -68,3 +69,10 @@ def test_a_workload_with_one_deployment_is_not_judged() -> None:
     assert "100% of 4 points predicted" in lines[0]
     assert "100.0% mean regret over 3 cases" in lines[1] and "random pick 55.6%" in lines[1], lines
     assert not math.isnan(planning_regret(rows(THREE))["random"].sum())
+
+
+def test_disaggregated_rows_are_left_out() -> None:
+    """Their GPUs are two pools' worth, not the tensor-parallel size: they make no tokens/s/GPU here."""
+    table = rows(THREE).with_columns(mode=pl.when(pl.col("concurrency") == 8).then(pl.lit("disagg"))
+                                     .otherwise(pl.col("mode")))
+    assert points(table).sort("concurrency")["concurrency"].to_list() == [1, 4]

@@ -134,8 +134,8 @@ def compare_command(results: tuple[Path, ...], gpu: tuple[str, ...], tensor_para
     from simulator.progress import Bar, progress_enabled
     from simulator.sim2real.compare import ROW_SCHEMA, Scheduler, summary, with_deployment
     from simulator.sim2real.measured import read_measured
-    from simulator.sim2real.units import run_units, units_of
     from simulator.sim2real.regret import regret_lines
+    from simulator.sim2real.units import run_units, units_of
 
     if kv_cache_dtype != "auto":
         raise InputError(f"--kv-cache-dtype {kv_cache_dtype} is not replayed: the measured servers ran the "
