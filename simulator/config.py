@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from policies import POLICIES, build_policy
+from simulator.deploy.backends import BACKENDS
 from simulator.deploy.model import KV_CACHE_DTYPES, QUANTIZATIONS
 from simulator.errors import InputError
 from simulator.fleet.routers import ROUTERS
@@ -36,7 +37,7 @@ QUOTED_CHARACTERS = 80
 """A message quotes at most this much of a bad value."""
 # Settings that shape a synthetic workload; a trace replays its own arrivals and lengths instead.
 SYNTHETIC_SETTINGS = ("rate", "burstiness", "concurrency", "duration", "input_len", "output_len", "input_len_dist",
-                      "output_len_dist", "prefix_len", "num_prefixes", "num_turns", "think_time")
+                      "output_len_dist", "prefix_len", "num_prefixes", "num_turns", "think_time", "num_dataset_entries")
 
 
 def flag(name: str) -> str:
@@ -121,6 +122,7 @@ RANGES: dict[str, Range] = {
     "num_requests": Range(int, 1, MAX_COUNT, "requests"),
     "duration": _seconds(low_open=True),
     "input_len": _tokens(),
+    "num_dataset_entries": Range(int, 1, MAX_COUNT, "prompts"),
     "output_len": _tokens(),
     "trace_speed": Range(float, 1e-3, 1e3, "times the trace's pace"),
     "priority_levels": Range(int, 1, MAX_COUNT, "levels"),
@@ -138,8 +140,7 @@ RANGES: dict[str, Range] = {
     "kv_transfer_latency": _seconds(),
     "time_limit": _seconds(low_open=True),
 }
-"""Every number-valued setting's type and physical range, checked for the command line, sweep files
-and `RunConfig` alike (a setting left None is not checked)."""
+"""Every number-valued setting's range, checked for the command line, sweep files and `RunConfig` (None is not)."""
 
 
 @dataclass(frozen=True)
@@ -150,18 +151,16 @@ class RunConfig:
     model: str = "llama-3.1-8b"
     gpu: str = "h100_sxm"
     cost: str = "roofline"
-    """Step-time model: the `roofline` over the profile's fitted rates, or its `measured` kernel tables
-    (not the default: its decode steps come out shorter than the chapter's measured ones)."""
+    """Step time: the `roofline` over the profile's fitted rates, or its `measured` kernel tables."""
     tensor_parallel_size: int = 1
     """GPUs the model is split across (vLLM's tensor parallelism); sizes and times are per GPU."""
     quantization: str | None = None
     """`fp8`: the linear layers' weights in fp8 (a checkpoint quantised to fp8 is so already)."""
     kv_cache_dtype: str = "auto"
     """`auto` (the model's dtype) or `fp8`: the KV cache's element type."""
-    # Scheduler: vLLM serve's defaults on an H100-class GPU (1024 sequences, 8192 batched tokens).
-    # vLLM without chunked prefill raises the budget to the model's context length (131072 for
-    # Llama-3.1-8B) and reserves activation memory for a step that large; the continuous policy
-    # keeps 8192 so that every iteration-level policy runs on the same memory.
+    backend: str = "vllm"  # the serving stack (simulator.deploy.backends)
+    # Scheduler: vLLM serve's H100 defaults (1024 sequences, 8192 tokens; vLLM without chunking raises the
+    # budget to the context length, the continuous policy keeps 8192: every policy on the same memory).
     max_num_seqs: int = 1024
     max_num_batched_tokens: int = 8192
     long_prefill_token_threshold: int = 0
@@ -187,17 +186,16 @@ class RunConfig:
     output_len: int = 300
     input_len_dist: str = "fixed"
     output_len_dist: str = "fixed"
+    num_dataset_entries: int | None = None  # aiperf's prompt pool (simulator.run.clients.pool_content)
     trace: str | None = None
     trace_speed: float = 1.0
     priority_levels: int | None = None
     """Synthetic priorities, uniform over 0..N-1 (lower runs first under the priority policy)."""
     prefix_len: int = 0
-    """Synthetic shared prefixes: each prompt is one of `num_prefixes` shared prefixes of this many
-    tokens (chosen uniformly by seed), then its `input_len` own tokens; 0 = none."""
+    """Each prompt one of `num_prefixes` shared prefixes of this many tokens (by seed), then its own; 0 = none."""
     num_prefixes: int = 1
     num_turns: int = 1
-    """Multi-turn sessions: each session's turn k + 1 is sent `think_time` s after turn k's answer,
-    its prompt the conversation so far and a new `input_len` question; --rate counts sessions."""
+    """Sessions: turn k + 1 sent `think_time` s after turn k's answer, its prompt the conversation so far."""
     think_time: float = 0.0
     seed: int = 0
     # A fleet (simulator.fleet.engine): colocated replicas behind a router, or prefill and decode pools.
@@ -242,13 +240,14 @@ class RunConfig:
         if self.quantization not in (None, *QUANTIZATIONS):
             raise InputError(f"unknown --quantization {quote(self.quantization)} "
                              f"(choose from {', '.join(QUANTIZATIONS)})")
+        if self.backend not in BACKENDS:
+            raise InputError(f"unknown --backend {quote(self.backend)} (choose from {', '.join(BACKENDS)})")
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
             raise InputError(f"unknown --kv-cache-dtype {quote(self.kv_cache_dtype)} "
                              f"(choose from {', '.join(KV_CACHE_DTYPES)})")
 
     def _check_load(self) -> None:
-        """A finite --rate with --concurrency is vLLM's open loop capped at that many requests in flight;
-        sessions pace their own turns and take no cap."""
+        """A finite --rate with --concurrency caps an open loop; sessions pace their own turns, take no cap."""
         if self.capped_open_loop and self.num_turns > 1:
             raise InputError(f"--num-turns {self.num_turns} paces its own turns; it takes no --max-concurrency cap "
                              "on an open loop")
@@ -302,6 +301,8 @@ class RunConfig:
                 parse_length_dist(getattr(self, name))
             except InputError as exc:
                 raise InputError(f"{flag(name)}: {exc}") from None
+        if self.num_dataset_entries is not None and (self.prefix_len or self.num_turns > 1):
+            raise InputError("--num-dataset-entries pools whole prompts; it takes no --prefix-len or --num-turns")
         if self.duration is not None and self.num_requests is not None:
             # Both would cap the count and the lower would silently win.
             raise InputError(f"give --num-requests ({self.num_requests}) or --duration ({self.duration:g} s), not both")
