@@ -67,6 +67,9 @@ class MeasuredPoint:
     output_lens: tuple[int, ...]
     measured: dict[str, float] = field(default_factory=dict)
     """Statistic name (`ttft_mean`, `request_throughput`, ...) to its measured value."""
+    backend: str = "vllm"
+    """The serving stack that was measured (`simulator.deploy.backends`)."""
+    backend_version: str | None = None
 
 
 MAX_TOKENS = 1 << 31
