@@ -27,7 +27,7 @@ import polars as pl
 from calibration.upstream_rows import read_upstream
 from simulator.sim2real.compare import default_profile
 from simulator.sim2real.measured import MeasuredPoint
-from simulator.sim2real.sweeps import Hypothesis, Unit, sweep_units
+from simulator.sim2real.sweeps import SUPPORTED, Hypothesis, Unit, sweep_units
 
 SERVING = Path(__file__).resolve().parents[2] / "shared" / "reference" / "serving"
 UPSTREAM = SERVING / "aiconfigurator_silicon_h100_h200.csv"
@@ -54,7 +54,9 @@ VARIANTS = {
     "bench-pool-sweep": Variant(Hypothesis("bench", AIPERF_ENTRIES, True)),
     "stock-pool-sweep": Variant(Hypothesis("stock", AIPERF_ENTRIES, True)),
     "bench-pool-sweep-2x20": Variant(Hypothesis("bench", AIPERF_ENTRIES, True), 2, 20),
+    "supported": Variant(Hypothesis("per-stack")),
 }
+"""`supported`: each stack under the hypothesis its fitted rows support (`sweeps.SUPPORTED`)."""
 
 
 def held_out(point: MeasuredPoint) -> bool:
@@ -67,7 +69,8 @@ def rerun_rows(job: tuple[Unit, str, Variant, str]) -> list[dict[str, Any]]:
                       num_requests=variant.measured * (p.concurrency or 1)) for p in unit.points]
     profile = default_profile(points[0].gpu, points[0].backend) + suffix
     rows = []
-    for point, run in variant.hypothesis.rerun(points, profile):
+    hypothesis = SUPPORTED[points[0].backend] if variant.hypothesis.scheduler == "per-stack" else variant.hypothesis
+    for point, run in hypothesis.rerun(points, profile):
         simulated = {"ttft_mean": float(np.mean(run.ttft)), "tpot_mean": float(np.nanmean(run.tpot))}
         for statistic, measured in point.measured.items():
             rows.append({"variant": variant_name, "backend": point.backend, "point": point.name,
@@ -116,6 +119,22 @@ def main() -> None:
         n = sum(r["rows"] for k, r in cell.items() if k[1] == "tpot_mean")
         print(f"{variant:<24}{backend:<8}{n:<9}{pct(False, 'ttft_mean'):>10}{pct(True, 'ttft_mean'):>10}"
               f"{pct(False, 'tpot_mean'):>10}{pct(True, 'tpot_mean'):>10}")
+    print_groups(rows)
+
+
+def print_groups(rows: pl.DataFrame) -> None:
+    """Median |error| (and signed) per variant, stack, model and tensor parallel size."""
+    groups = (rows.group_by("variant", "backend", "model", "tp", "held_out", "statistic")
+              .agg(pl.len().alias("rows"), pl.col("error").abs().median().alias("abs"),
+                   pl.col("error").median().alias("sgn"))
+              .sort("variant", "backend", "model", "tp"))
+    print(f"\n{'variant':<24}{'stack':<8}{'model':<14}{'TP':>3}{'rows':>6}{'':>10}{'TTFT':>16}{'TPOT':>16}")
+    for key, part in groups.group_by("variant", "backend", "model", "tp", "held_out", maintain_order=True):
+        cell = {r["statistic"]: r for r in part.iter_rows(named=True)}
+        text = "".join(f"{cell[s]['abs']:>8.1%} ({cell[s]['sgn']:+.0%})" if s in cell else f"{'-':>16}"
+                       for s in ("ttft_mean", "tpot_mean"))
+        print(f"{key[0]:<24}{key[1]:<8}{key[2]:<14}{key[3]:>3}{cell['tpot_mean']['rows']:>6}"
+              f"{'held out' if key[4] else 'fitted':>10}{text}")
 
 
 if __name__ == "__main__":

@@ -191,6 +191,11 @@ def build_stack(gpu: str, stack: str, kernel_db: Path, reference: Path, out: Pat
     (out / "roofline.json").write_text(json.dumps(roofline, indent=2) + "\n")
 
 
+EXTRA_TABLES: tuple[ExtraTables, ...] = ()
+"""More kernel families for every stack profile (`f(kernel_db, gpu, stack) -> {name: table}`, e.g.
+MLA's), joined by `calibration.kernel_db.stack_tables`."""
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     shared = Path(__file__).resolve().parent.parent.parent / "shared" / "reference"
@@ -203,7 +208,7 @@ def main() -> None:
         build(gpu, args.reference, args.out / gpu)
         print(f"wrote {args.out / gpu}")
         for stack in filter(None, args.stacks.split(",")):
-            build_stack(gpu, stack, args.kernel_db, args.reference, args.out / f"{gpu}_{stack}")
+            build_stack(gpu, stack, args.kernel_db, args.reference, args.out / f"{gpu}_{stack}", EXTRA_TABLES)
             print(f"wrote {args.out / f'{gpu}_{stack}'}")
 
 

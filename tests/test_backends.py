@@ -5,6 +5,7 @@ rule on hand-counted cases, and `--backend` on the command line."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -205,3 +206,17 @@ def test_a_prompt_pool_repeats_whole_prompts_which_hit_the_prefix_cache() -> Non
     cost = UnitCost()
     simulate(RunConfig(policy="chunked"), workload, cost)  # type: ignore[arg-type]
     assert [s.prefill_tokens for s in cost.shapes] == [64, 16, 16]
+
+
+def test_a_row_of_a_stack_reruns_on_that_stacks_profile_and_scheduler() -> None:
+    from simulator.sim2real.compare import default_profile, point_config
+    from simulator.sim2real.measured import MeasuredPoint
+
+    point = MeasuredPoint("p", "g", "qwen3-32b", "h100_sxm", 2, None, 80, 8, 8, None, 1.0, (1024,), (128,),
+                          {"ttft_mean": 0.1}, "sglang", "0.5.1.post1")
+    assert default_profile("h100_sxm", "sglang") == "h100_sxm_sglang"
+    config = point_config(point, default_profile(point.gpu, point.backend))
+    assert (config.policy, config.max_num_batched_tokens, config.backend) == ("prefill-first", 8192, "sglang")
+    trt = point_config(replace(point, backend="trtllm"), "h100_sxm_trtllm")
+    assert (trt.policy, trt.max_num_seqs) == ("inflight", 2048)
+    assert point_config(replace(point, backend="vllm"), "h100_sxm_vllm").policy == "chunked"

@@ -90,3 +90,9 @@ class Hypothesis:
         for unit in sweep_units(points, self.sweep):
             pairs += zip(unit.points, rerun_unit(unit, gpu, seed, self.scheduler_for(unit)), strict=True)
         return pairs
+
+
+SUPPORTED = {"vllm": Hypothesis("bench"), "sglang": Hypothesis("stock"), "trtllm": Hypothesis("stock")}
+"""Per stack, the hypothesis aiconfigurator's silicon rows support best on the rows a fit may use
+(docs/validation/stack-fidelity.md): vLLM with the templates' token budget, SGLang and TensorRT-LLM
+with their stock schedulers; no prompt pool, no cache hits."""
