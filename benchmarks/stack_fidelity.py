@@ -55,6 +55,7 @@ VARIANTS = {
     "stock-pool-sweep": Variant(Hypothesis("stock", AIPERF_ENTRIES, True)),
     "bench-pool-sweep-2x20": Variant(Hypothesis("bench", AIPERF_ENTRIES, True), 2, 20),
     "supported": Variant(Hypothesis("per-stack")),
+    "supported-2x20": Variant(Hypothesis("per-stack"), 2, 20),
 }
 """`supported`: each stack under the hypothesis its fitted rows support (`sweeps.SUPPORTED`)."""
 
