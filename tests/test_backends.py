@@ -220,3 +220,32 @@ def test_a_row_of_a_stack_reruns_on_that_stacks_profile_and_scheduler() -> None:
     trt = point_config(replace(point, backend="trtllm"), "h100_sxm_trtllm")
     assert (trt.policy, trt.max_num_seqs) == ("inflight", 2048)
     assert point_config(replace(point, backend="vllm"), "h100_sxm_vllm").policy == "chunked"
+
+
+def test_a_table_comes_from_the_nearest_version_that_holds_it_and_says_so(tmp_path: Path) -> None:
+    from calibration.kernel_db import find_table
+
+    root = tmp_path / "h100_sxm"
+    for family, version, table in (("gemm", "0.5.10", "gemm_perf"), ("gemm", "0.5.14", "gemm_perf"),
+                                   ("comm", "0.5.12", "wideep_deepep_ll_perf"),
+                                   ("comm", "0.5.9", "custom_allreduce_perf")):
+        folder = root / family / "sglang" / version
+        folder.mkdir(parents=True)
+        (folder / "collection_meta.yaml").write_text(f"runtime:\n  framework: sglang\n  version: {version}\n")
+        (folder / f"{table}.parquet").write_bytes(b"")
+    assert find_table(tmp_path, "h100_sxm", "gemm", "sglang", "gemm_perf", "0.5.12").version == "0.5.14"
+    # 0.5.12 holds no custom all-reduce: the nearest folder that does is taken.
+    assert find_table(tmp_path, "h100_sxm", "comm", "sglang", "custom_allreduce_perf", "0.5.14").version == "0.5.9"
+    with pytest.raises(FileNotFoundError, match="no version holds moe_perf"):
+        find_table(tmp_path, "h100_sxm", "moe", "sglang", "moe_perf", "0.5.14")
+
+
+@needs_db
+def test_a_profile_built_for_another_version_names_the_one_it_took(tmp_path: Path) -> None:
+    from calibration.kernel_db import stack_tables
+
+    found = stack_tables(KERNEL_DB, "h100_sxm", "sglang", NCCL / "h100_sxm" / "nccl_perf.parquet", version="0.5.9",
+                         extra=[lambda db, gpu, stack: {"extra_family": pl.DataFrame({"latency": [1e-3]})}])
+    assert found.versions["gemm_perf"] == "0.5.14"
+    assert "sglang 0.5.14, nearest to 0.5.9" in found.families["gemm"]
+    assert found.tables["extra_family"]["latency"].to_list() == [1e-3]  # an extra-table function joins
