@@ -275,6 +275,10 @@ def describe_fit(fit: dict[str, Any]) -> list[str]:
     lines += [f"  {term:<24}{fit['values'][term] * 1e6:>12.3f} us  ({fit['units'][term]})" for term in TERMS]
     if "note" in fit:
         lines.append(f"  note: {fit['note']}")
+    if isinstance(on.get("assumed"), dict):
+        lines.append(f"  reruns assumed: {on.get('backend', 'vllm')} rows, " + ", ".join(
+            f"{key} {value}" for key, value in on["assumed"].items()))
+    lines += [f"  not kept: {line}" for line in fit.get("dropped", []) if isinstance(line, str)]
     for part, errors in fit["median_abs_error"].items():
         lines.append(f"  median |error| {part:<9}" + "  ".join(f"{s} {e:.1%}" for s, e in errors.items()))
     lines.append(f"  {'point':<46}{'TP':>3}{'statistic':>11}{'measured ms':>13}{'fitted ms':>11}{'error':>9}")
