@@ -7,7 +7,13 @@ from. Two families are not in the reference data and are derived, as `profile.js
 elementwise kernels (the GEMM floor latency plus bytes at the weight-streaming bandwidth, both
 from `fit_roofline`) and the per-step overhead (0: the kernel tables hold no host time).
 
+Each serving stack's profile (`<gpu>_vllm`, `<gpu>_sglang`, `<gpu>_trtllm`) is built the same way
+from that stack's measured kernels in `../shared/reference/kernel-db/` (`calibration.kernel_db`:
+vLLM 0.19.0, SGLang 0.5.14, TensorRT-LLM 1.3.0rc20, each table from the nearest version that has
+it, as `profile.json` says); its elementwise table and roofline constants are its GPU's base ones.
+
 Run: python -m calibration.build_reference [--reference ../shared/reference/kernels]
+     [--kernel-db ../shared/reference/kernel-db] [--stacks vllm,sglang,trtllm]
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ import polars as pl
 import yaml
 
 from calibration.fit_roofline import GPUS, PROFILES_DIR, build_profile
+from calibration.kernel_db import STACK_VERSIONS, ExtraTables, stack_tables
 
 FORMAT = 1
 HOST_OVERHEAD_SOURCE = (
@@ -152,14 +159,57 @@ def build(gpu: str, reference: Path, out: Path) -> None:
     (out / "roofline.json").write_text(json.dumps(roofline, indent=2) + "\n")
 
 
+def build_stack(gpu: str, stack: str, kernel_db: Path, reference: Path, out: Path,
+                extra: tuple[ExtraTables, ...] = ()) -> None:
+    """`stack`'s profile on `gpu`: its kernel-database tables, the base profile's elementwise table
+    and roofline constants (`build`), no host time (`simulate fit` adds what survives held-out)."""
+    found = stack_tables(kernel_db, gpu, stack, reference / gpu / "nccl_perf.parquet", extra=extra)
+    roofline = build_profile(gpu, reference)
+    kernel_latency, mem_bw = float(roofline["kernel_latency"]), float(roofline["mem_bw"])  # type: ignore[arg-type]
+    system = yaml.safe_load((reference / gpu / "system.yaml").read_text())["gpu"]
+    version = STACK_VERSIONS[stack]
+    meta = {
+        "format": FORMAT, "name": gpu, "device": found.device, "memory_bytes": int(system["mem_capacity"]),
+        "datasheet_mem_bw": float(system["mem_bw"]), "datasheet_flops": float(system["bfloat16_tc_flops"]),
+        "dtype": "bfloat16", "libraries": {stack: version, "kernel_db_tables": found.versions},
+        "date": "aiconfigurator kernel database (../shared/reference/kernel-db)",
+        "source": (f"{GPUS[gpu]}: {stack} {version} kernels measured by aiconfigurator's collectors "
+                   f"(../shared/reference/kernel-db, Apache-2.0), built by calibration/build_reference.py "
+                   f"(calibration/kernel_db.py); elementwise and roofline constants from the {gpu} profile"),
+        "step_overhead": 0.0, "model": None,
+        "families": found.families | {
+            "elementwise": (f"derived, as {gpu}'s: {kernel_latency * 1e6:.2f} us + bytes / "
+                            f"{mem_bw / 1e12:.2f} TB/s (vLLM 0.14 weight-streaming GEMMs)"),
+            "step_overhead": HOST_OVERHEAD_SOURCE, "per_sequence_overhead": HOST_OVERHEAD_SOURCE,
+            "per_token_overhead": HOST_OVERHEAD_SOURCE},
+    }
+    out.mkdir(parents=True, exist_ok=True)
+    for name, frame in found.tables.items():
+        frame.write_parquet(out / f"{name}.parquet")
+    elementwise_table(kernel_latency, mem_bw).write_parquet(out / "elementwise.parquet")
+    (out / "profile.json").write_text(json.dumps(meta, indent=2) + "\n")
+    (out / "roofline.json").write_text(json.dumps(roofline, indent=2) + "\n")
+
+
+EXTRA_TABLES: tuple[ExtraTables, ...] = ()
+"""More kernel families for every stack profile (`f(kernel_db, gpu, stack) -> {name: table}`, e.g.
+MLA's), joined by `calibration.kernel_db.stack_tables`."""
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    default_reference = Path(__file__).resolve().parent.parent.parent / "shared" / "reference" / "kernels"
-    parser.add_argument("--reference", type=Path, default=default_reference)
+    shared = Path(__file__).resolve().parent.parent.parent / "shared" / "reference"
+    parser.add_argument("--reference", type=Path, default=shared / "kernels")
+    parser.add_argument("--kernel-db", type=Path, default=shared / "kernel-db")
+    parser.add_argument("--stacks", default=",".join(STACK_VERSIONS), help="stack profiles to build ('' for none)")
+    parser.add_argument("--out", type=Path, default=PROFILES_DIR)
     args = parser.parse_args()
     for gpu in GPUS:
-        build(gpu, args.reference, PROFILES_DIR / gpu)
-        print(f"wrote {PROFILES_DIR / gpu}")
+        build(gpu, args.reference, args.out / gpu)
+        print(f"wrote {args.out / gpu}")
+        for stack in filter(None, args.stacks.split(",")):
+            build_stack(gpu, stack, args.kernel_db, args.reference, args.out / f"{gpu}_{stack}", EXTRA_TABLES)
+            print(f"wrote {args.out / f'{gpu}_{stack}'}")
 
 
 if __name__ == "__main__":

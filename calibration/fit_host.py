@@ -28,6 +28,7 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -82,16 +83,26 @@ def write_profile(base: Path, out: Path, values: dict[str, float], fit: dict[str
         os.replace(scratch, out)
 
 
-def _run(points: list[Any], base: Path, values: dict[str, float], work: Path, round_: int
-         ) -> tuple[pl.DataFrame, np.ndarray]:
+Rerun = Callable[[list[Any], str], list[tuple[Any, Any]]]
+"""Reruns points on a profile: (point, its Replay) pairs (`simulator.sim2real.sweeps`)."""
+
+
+def one_by_one(points: list[Any], gpu: str) -> list[tuple[Any, Any]]:
+    """Each point rerun alone, cold, with vLLM's default scheduler (the replay before sweeps)."""
+    from simulator.sim2real.compare import rerun
+
+    return [(point, rerun(point, gpu)) for point in points]
+
+
+def _run(points: list[Any], base: Path, values: dict[str, float], work: Path, round_: int,
+         rerun: Rerun = one_by_one) -> tuple[pl.DataFrame, np.ndarray]:
     """Every point rerun with `values`: its residual rows and, per fitted statistic, d/d terms."""
-    from simulator.sim2real.compare import rerun, simulated_statistics
+    from simulator.sim2real.compare import simulated_statistics
 
     folder = work / f"round{round_}"
     write_profile(base, folder, values, {"values": values, "fitted_on": {"files": ["a round"], "points": len(points)}})
     rows, jacobian = [], []
-    for point in points:
-        replay = rerun(point, str(folder))
+    for point, replay in rerun(points, str(folder)):
         simulated = simulated_statistics(replay, set(FITTED_STATISTICS))
         # TTFT observes the client time only, TPOT the per-step terms only (module docstring).
         slopes = {"ttft_mean": np.array([0.0, 0.0, 0.0, 1.0]),
@@ -106,25 +117,62 @@ def _run(points: list[Any], base: Path, values: dict[str, float], work: Path, ro
     return pl.DataFrame(rows), np.array(jacobian)
 
 
-def fit_terms(points: list[Any], held_out: list[Any], base: Path) -> Fit:
-    """Least squares of the terms over `points`; `held_out` rerun with the result, not fitted."""
+def fit_terms(points: list[Any], held_out: list[Any], base: Path, rerun: Rerun = one_by_one,
+              terms: tuple[str, ...] = TERMS) -> Fit:
+    """Least squares of `terms` (the others 0) over `points`; `held_out` rerun with the result, not fitted."""
     from scipy.optimize import lsq_linear
 
     values = dict.fromkeys(TERMS, 0.0)
+    free = np.array([name in terms for name in TERMS])
+    round_ = 0
     with tempfile.TemporaryDirectory(prefix="servesim-fit-") as work:
-        for round_ in range(ROUNDS):
-            rows, jacobian = _run(points, base, values, Path(work), round_)
+        for round_ in range(ROUNDS if terms else 0):
+            rows, jacobian = _run(points, base, values, Path(work), round_, rerun)
             theta = np.array([values[name] for name in TERMS])
-            solved = lsq_linear(jacobian, jacobian @ theta - rows["error"].to_numpy(), bounds=(0, np.inf)).x
+            solved = np.zeros(len(TERMS))
+            solved[free] = lsq_linear(jacobian[:, free], jacobian @ theta - rows["error"].to_numpy(),
+                                      bounds=(0, np.inf)).x
             moved = np.abs(solved - theta) > np.maximum(0.01 * np.abs(theta), 1e-9)
             values = dict(zip(TERMS, (float(v) for v in solved), strict=True))
             if not moved.any():
                 break
         values = {name: round(value, 10) for name, value in values.items()}  # 0.1 ns: lsq_linear leaves 1e-300s
-        fitted, _ = _run(points, base, values, Path(work), ROUNDS)
-        others = _run(held_out, base, values, Path(work), ROUNDS + 1)[0] if held_out else fitted.clear()
+        fitted, _ = _run(points, base, values, Path(work), ROUNDS, rerun)
+        others = _run(held_out, base, values, Path(work), ROUNDS + 1, rerun)[0] if held_out else fitted.clear()
     residuals = pl.concat([fitted.with_columns(held_out=pl.lit(False)), others.with_columns(held_out=pl.lit(True))])
     return Fit(values, residuals, round_ + 1)
+
+
+TERM_SETS = (TERMS, TERMS[:3], TERMS[:1], ())
+"""The terms tried in turn until none makes a held-out group worse than the kernels alone: all, the
+per-step ones, the step overhead, none. A term is judged on the statistic it is fitted to (the step
+terms on TPOT, the client time on TTFT, module docstring); what it does to the other is recorded."""
+
+
+def group_errors(residuals: pl.DataFrame) -> dict[tuple[int, str], float]:
+    """Median |error| of the held-out rows per (tensor parallel size, statistic)."""
+    held = residuals.filter(pl.col("held_out"))
+    table = held.group_by("tensor_parallel_size", "statistic").agg(pl.col("error").abs().median())
+    return {(tp, stat): float(e) for tp, stat, e in table.iter_rows()}
+
+
+def fit_held_out(points: list[Any], held_out: list[Any], base: Path, rerun: Rerun = one_by_one
+                 ) -> tuple[Fit, dict[tuple[int, str], float], list[str]]:
+    """The fit of the most terms of `TERM_SETS` that leaves every held-out group (a tensor parallel
+    size) no worse than the kernels alone on the statistics they are fitted to; with the
+    kernels-only errors and what was dropped."""
+    alone = group_errors(fit_terms(points, held_out, base, rerun, ()).residuals) if held_out else {}
+    dropped: list[str] = []
+    for terms in TERM_SETS:
+        fit = fit_terms(points, held_out, base, rerun, terms)
+        judged = {"tpot_mean"} if set(terms) & set(TERMS[:3]) else set()
+        judged |= {"ttft_mean"} if "client_time" in terms else set()
+        worse = [key for key, error in group_errors(fit.residuals).items()
+                 if key[1] in judged and error > alone[key] + 1e-9]
+        if not worse:
+            return fit, alone, dropped
+        dropped.append(f"{'+'.join(terms)}: held-out TP {worse[0][0]} {worse[0][1]} worse than kernels alone")
+    raise AssertionError("the empty set of terms is the kernels alone")
 
 
 def median_errors(residuals: pl.DataFrame) -> dict[str, dict[str, float]]:
@@ -149,11 +197,24 @@ def median_errors(residuals: pl.DataFrame) -> dict[str, dict[str, float]]:
                    "(repeat: --fit-tp 2 --fit-tp 8) [default: fit on all].")
 @click.option("--quantization", type=click.Choice(["none", "fp8"]), default="none", show_default=True,
               help="The weight dtype of the points used: none (bf16) or fp8.")
-def fit_command(results: tuple[Path, ...], gpu: str, out: Path, fit_tp: tuple[int, ...], quantization: str) -> None:
-    """Fit a profile's host overhead to measured results by least squares and write the profile."""
+@click.option("--backend", type=click.Choice(["vllm", "sglang", "trtllm"]), default="vllm", show_default=True,
+              help="The serving stack whose points are used.")
+@click.option("--scheduler", type=click.Choice(["vllm-default", "stock", "bench"]), default="vllm-default",
+              show_default=True, help="The servers' scheduler the reruns assume: vLLM serve's H100 defaults, the "
+                                      "stack's own, or aiconfigurator's benchmark templates (max batch + isl + 1500).")
+@click.option("--num-dataset-entries", type=click.IntRange(1), default=None,
+              help="The client's prompt pool the reruns assume (aiperf's default 100) [default: none].")
+@click.option("--sweep/--no-sweep", default=False, show_default=True,
+              help="Rerun a server's concurrency levels back to back, its prefix cache kept.")
+def fit_command(results: tuple[Path, ...], gpu: str, out: Path, fit_tp: tuple[int, ...], quantization: str,
+                backend: str, scheduler: str, num_dataset_entries: int | None, sweep: bool) -> None:
+    """Fit a profile's host overhead to measured results by least squares and write the profile.
+    With held-out points, a term that leaves a held-out group worse than the kernels alone is dropped."""
+    from calibration.upstream_rows import is_upstream, read_upstream
     from simulator.deploy.hardware import load_gpu, profile_dir
     from simulator.outputs.run_folder import check_writable
     from simulator.sim2real.measured import read_points
+    from simulator.sim2real.sweeps import Hypothesis
 
     base = profile_dir(gpu)
     name = load_gpu(gpu).name
@@ -162,25 +223,35 @@ def fit_command(results: tuple[Path, ...], gpu: str, out: Path, fit_tp: tuple[in
         raise InputError(f"--out {str(out)!r} already exists and is not an empty folder")
     wanted = None if quantization == "none" else quantization
     # A vLLM result does not record its GPU: it is taken as measured on --gpu's, at TP 1.
-    points = [replace(p, gpu=p.gpu or name) for path in results for p in read_points(path)]
-    points = [p for p in points if p.gpu == name and p.quantization == wanted]
+    points = [replace(p, gpu=p.gpu or name) for path in results
+              for p in (read_upstream(path) if is_upstream(path) else read_points(path))]
+    points = [p for p in points if p.gpu == name and p.quantization == wanted and p.backend == backend]
     if not points:
         raise InputError(f"no point of {', '.join(str(r) for r in results)} was measured on {name} with "
-                         f"--quantization {quantization}")
+                         f"--quantization {quantization} and --backend {backend}")
     fitted = [p for p in points if not fit_tp or p.tensor_parallel_size in fit_tp]
     held_out = [p for p in points if p not in fitted]
     if not fitted:
         raise InputError(f"--fit-tp {' '.join(map(str, fit_tp))}: no point has that tensor parallel size")
     click.echo(f"fitting {len(fitted)} points ({len(held_out)} held out) on {name}...")
-    fit = fit_terms(fitted, held_out, base)
+    hypothesis = Hypothesis(scheduler, num_dataset_entries, sweep)
+    rerun: Rerun = hypothesis.rerun  # type: ignore[assignment]
+    if held_out:
+        fit, alone, dropped = fit_held_out(fitted, held_out, base, rerun)
+    else:
+        fit, alone, dropped = fit_terms(fitted, held_out, base, rerun), {}, []
     record = {
         "values": fit.values, "units": UNITS,
         "fitted_on": {"files": [str(r) for r in results], "points": len(fitted), "gpu": name,
                       "weights": "bf16" if quantization == "none" else quantization,
-                      "tensor_parallel_sizes": sorted(set(fit_tp)) or "all", "statistics": list(FITTED_STATISTICS)},
+                      "tensor_parallel_sizes": sorted(set(fit_tp)) or "all", "statistics": list(FITTED_STATISTICS),
+                      "backend": backend, "assumed": {"scheduler": scheduler, "num_dataset_entries":
+                                                      num_dataset_entries, "sweep": sweep}},
         "method": "Gauss-Newton on servesim's reruns, relative residuals, terms >= 0 (calibration/fit_host.py), "
                   f"{fit.rounds} rounds",
         "median_abs_error": median_errors(fit.residuals),
+        "held_out_kernels_alone": {f"tp{tp} {stat}": error for (tp, stat), error in sorted(alone.items())},
+        "dropped": dropped,
         "residuals": fit.residuals.to_dicts(),
     }
     write_profile(base, out, fit.values, record)
@@ -188,6 +259,10 @@ def fit_command(results: tuple[Path, ...], gpu: str, out: Path, fit_tp: tuple[in
         click.echo(f"  {term:<24}{fit.values[term] * 1e6:>12.2f} us  ({UNITS[term]})")
     for part, errors in record["median_abs_error"].items():  # type: ignore[attr-defined]
         click.echo(f"  median |error| {part:<9}" + "  ".join(f"{s} {e:.1%}" for s, e in errors.items()))
+    for key, error in record["held_out_kernels_alone"].items():  # type: ignore[attr-defined]
+        click.echo(f"  held out {key:<16} kernels alone {error:.1%}")
+    for line in dropped:
+        click.echo(f"  not shipped: {line}")
     click.echo(f"wrote {out}")
 
 
@@ -200,6 +275,10 @@ def describe_fit(fit: dict[str, Any]) -> list[str]:
     lines += [f"  {term:<24}{fit['values'][term] * 1e6:>12.3f} us  ({fit['units'][term]})" for term in TERMS]
     if "note" in fit:
         lines.append(f"  note: {fit['note']}")
+    if isinstance(on.get("assumed"), dict):
+        lines.append(f"  reruns assumed: {on.get('backend', 'vllm')} rows, " + ", ".join(
+            f"{key} {value}" for key, value in on["assumed"].items()))
+    lines += [f"  not kept: {line}" for line in fit.get("dropped", []) if isinstance(line, str)]
     for part, errors in fit["median_abs_error"].items():
         lines.append(f"  median |error| {part:<9}" + "  ".join(f"{s} {e:.1%}" for s, e in errors.items()))
     lines.append(f"  {'point':<46}{'TP':>3}{'statistic':>11}{'measured ms':>13}{'fitted ms':>11}{'error':>9}")

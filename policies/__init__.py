@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from policies import chunked, continuous, priority, shortest_prompt_first, static
+from policies import chunked, continuous, inflight, prefill_first, priority, shortest_prompt_first, static
 from policies.settings import RunSettings
 from simulator.engine.step import Policy
 from simulator.errors import InputError, clip
@@ -32,6 +32,8 @@ POLICIES: dict[str, PolicyModule] = {
     "continuous": continuous,
     "chunked": chunked,
     "priority": priority,
+    "prefill-first": prefill_first,
+    "inflight": inflight,
     "shortest-prompt-first": shortest_prompt_first,
 }
 ENABLE_CHUNKED_PREFILL = "chunked"

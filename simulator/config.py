@@ -13,133 +13,25 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from policies import POLICIES, build_policy
+from simulator.deploy.backends import BACKENDS
 from simulator.deploy.model import KV_CACHE_DTYPES, QUANTIZATIONS
 from simulator.errors import InputError
 from simulator.fleet.routers import ROUTERS
+from simulator.ranges import (
+    MAX_SECONDS,
+    RANGES,
+    flag,
+    quote,
+    shorten,
+)
 from workloads.lengths import parse_length_dist
 
 GOODPUT_METRICS = ("ttft", "tpot", "e2el")
-# Physical limits of the ranges below: past them a value is a typo, not a deployment.
-MAX_TOKENS = 10**7
-"""Tokens any one length may take: past every model's context window."""
-MAX_SEQUENCES = 10**7
-"""Sequences in one step or clients of a closed loop."""
-MAX_COUNT = 2**31 - 1
-"""Requests, KV blocks and priority levels: the step log counts them as int32."""
-MAX_SECONDS = 1e7
-"""Any one time (about 116 days): there the clock's float64 still resolves nanoseconds."""
-MAX_GPUS = 1024
-"""GPUs one server's tensor parallelism spans: past any NVLink domain."""
-MAX_SERVERS = 10**5
-"""Replicas of a fleet, or servers of a pool: as many GPUs as the largest clusters hold."""
-QUOTED_CHARACTERS = 80
-"""A message quotes at most this much of a bad value."""
 # Settings that shape a synthetic workload; a trace replays its own arrivals and lengths instead.
 SYNTHETIC_SETTINGS = ("rate", "burstiness", "concurrency", "duration", "input_len", "output_len", "input_len_dist",
-                      "output_len_dist", "prefix_len", "num_prefixes", "num_turns", "think_time")
+                      "output_len_dist", "prefix_len", "num_prefixes", "num_turns", "think_time", "num_dataset_entries")
 
 
-def flag(name: str) -> str:
-    """The command-line flag of setting `name`."""
-    return f"--{name.replace('_', '-')}"
-
-
-def shorten(text: str) -> str:
-    """`text` cut to `QUOTED_CHARACTERS`, as a message quotes a value."""
-    return text if len(text) <= QUOTED_CHARACTERS else f"{text[:QUOTED_CHARACTERS - 3]}..."
-
-
-def quote(value: object) -> str:
-    return shorten(repr(value))
-
-
-@dataclass(frozen=True)
-class Range:
-    """A number-valued setting's type and physical range: [low, high], or (low, high] when
-    `low_open`; infinity only where `inf` says what it stands for. A bool is no number here."""
-
-    kind: type[int] | type[float]
-    low: float
-    high: float
-    unit: str = ""
-    low_open: bool = False
-    inf: str = ""
-
-    def describe(self) -> str:
-        if self.kind is int:
-            text = f"an integer in [{self.low}, {self.high}]"
-        else:
-            text = f"a number in {'(' if self.low_open else '['}{self.low:g}, {self.high:g}]"
-        return text + (f" {self.unit}" if self.unit else "") + (f", or inf ({self.inf})" if self.inf else "")
-
-    def holds(self, value: object) -> bool:
-        if isinstance(value, bool) or not isinstance(value, int if self.kind is int else (int, float)):
-            return False
-        if self.inf and value == math.inf:
-            return True
-        above = value > self.low if self.low_open else value >= self.low
-        return above and value <= self.high  # nan is neither
-
-    def check(self, name: str, value: object) -> None:
-        if not self.holds(value):
-            raise InputError(f"{flag(name)} must be {self.describe()}, got {quote(value)}")
-
-    def parse(self, name: str, value: object) -> int | float:
-        """Setting `name`'s value from command-line text or a YAML/TOML scalar, typed and checked."""
-        if isinstance(value, str):
-            try:
-                value = self.kind(value.strip())
-            except ValueError:  # not a number, or an integer of more digits than Python converts
-                raise InputError(f"{flag(name)} must be {self.describe()}, got {quote(value)}") from None
-        self.check(name, value)
-        assert isinstance(value, (int, float))  # `check` took it
-        return float(value) if self.kind is float else value
-
-
-def _tokens(low: int = 1) -> Range:
-    return Range(int, low, MAX_TOKENS, "tokens")
-
-
-def _seconds(low_open: bool = False) -> Range:
-    return Range(float, 0.0, MAX_SECONDS, "seconds", low_open=low_open)
-
-
-RANGES: dict[str, Range] = {
-    "tensor_parallel_size": Range(int, 1, MAX_GPUS, "GPUs"), "data_parallel_size": Range(int, 1, MAX_GPUS, "ranks"),
-    "max_num_seqs": Range(int, 1, MAX_SEQUENCES, "sequences"),
-    "max_num_batched_tokens": _tokens(),
-    "long_prefill_token_threshold": _tokens(low=0),
-    "max_batch_size": Range(int, 1, MAX_SEQUENCES, "requests"),
-    "max_queue_delay": _seconds(),
-    "max_model_len": _tokens(),
-    "block_size": _tokens(),
-    "gpu_memory_utilization": Range(float, 0.0, 1.0, "of the GPU's memory", low_open=True),
-    "num_gpu_blocks_override": Range(int, 1, MAX_COUNT, "blocks"),
-    "rate": Range(float, 1e-6, 1e9, "requests/s", inf="all at once"),
-    "burstiness": Range(float, 1e-3, 1e3, inf="evenly spaced"),
-    "concurrency": Range(int, 1, MAX_SEQUENCES, "clients"),
-    "num_requests": Range(int, 1, MAX_COUNT, "requests"),
-    "duration": _seconds(low_open=True),
-    "input_len": _tokens(),
-    "output_len": _tokens(),
-    "trace_speed": Range(float, 1e-3, 1e3, "times the trace's pace"),
-    "priority_levels": Range(int, 1, MAX_COUNT, "levels"),
-    "prefix_len": _tokens(low=0),
-    "num_prefixes": Range(int, 1, MAX_COUNT, "prefixes"),
-    "num_turns": Range(int, 1, MAX_COUNT, "turns"),
-    "think_time": _seconds(),
-    "seed": Range(int, 0, 2**63 - 1),  # a sweep's Int64 column
-    "num_replicas": Range(int, 1, MAX_SERVERS, "servers"),
-    "prefill_replicas": Range(int, 1, MAX_SERVERS, "servers"),
-    "decode_replicas": Range(int, 1, MAX_SERVERS, "servers"),
-    "prefill_tensor_parallel_size": Range(int, 1, MAX_GPUS, "GPUs"),
-    "decode_tensor_parallel_size": Range(int, 1, MAX_GPUS, "GPUs"),
-    "kv_transfer_bandwidth": Range(float, 1e-3, 1e6, "GB/s"),
-    "kv_transfer_latency": _seconds(),
-    "time_limit": _seconds(low_open=True),
-}
-"""Every number-valued setting's type and physical range, checked for the command line, sweep files
-and `RunConfig` alike (a setting left None is not checked)."""
 
 
 @dataclass(frozen=True)
@@ -150,8 +42,7 @@ class RunConfig:
     model: str = "llama-3.1-8b"
     gpu: str = "h100_sxm"
     cost: str = "roofline"
-    """Step-time model: the `roofline` over the profile's fitted rates, or its `measured` kernel tables
-    (not the default: its decode steps come out shorter than the chapter's measured ones)."""
+    """Step time: the `roofline` over the profile's fitted rates, or its `measured` kernel tables."""
     tensor_parallel_size: int = 1
     """GPUs the model is split across (vLLM's tensor parallelism); sizes and times are per GPU."""
     quantization: str | None = None
@@ -160,10 +51,9 @@ class RunConfig:
     """`auto` (the model's dtype) or `fp8`: the KV cache's element type."""
     enable_expert_parallel: bool = False  # vLLM's; what it and data_parallel_size mean: simulator.deploy.spec
     data_parallel_size: int = 1
-    # Scheduler: vLLM serve's defaults on an H100-class GPU (1024 sequences, 8192 batched tokens).
-    # vLLM without chunked prefill raises the budget to the model's context length (131072 for
-    # Llama-3.1-8B) and reserves activation memory for a step that large; the continuous policy
-    # keeps 8192 so that every iteration-level policy runs on the same memory.
+    backend: str = "vllm"  # the serving stack (simulator.deploy.backends)
+    # Scheduler: vLLM serve's H100 defaults (1024 sequences, 8192 tokens; vLLM without chunking raises the
+    # budget to the context length, the continuous policy keeps 8192: every policy on the same memory).
     max_num_seqs: int = 1024
     max_num_batched_tokens: int = 8192
     long_prefill_token_threshold: int = 0
@@ -189,17 +79,16 @@ class RunConfig:
     output_len: int = 300
     input_len_dist: str = "fixed"
     output_len_dist: str = "fixed"
+    num_dataset_entries: int | None = None  # aiperf's prompt pool (simulator.run.clients.pool_content)
     trace: str | None = None
     trace_speed: float = 1.0
     priority_levels: int | None = None
     """Synthetic priorities, uniform over 0..N-1 (lower runs first under the priority policy)."""
     prefix_len: int = 0
-    """Synthetic shared prefixes: each prompt is one of `num_prefixes` shared prefixes of this many
-    tokens (chosen uniformly by seed), then its `input_len` own tokens; 0 = none."""
+    """Each prompt one of `num_prefixes` shared prefixes of this many tokens (by seed), then its own; 0 = none."""
     num_prefixes: int = 1
     num_turns: int = 1
-    """Multi-turn sessions: each session's turn k + 1 is sent `think_time` s after turn k's answer,
-    its prompt the conversation so far and a new `input_len` question; --rate counts sessions."""
+    """Sessions: turn k + 1 sent `think_time` s after turn k's answer, its prompt the conversation so far."""
     think_time: float = 0.0
     seed: int = 0
     # A fleet (simulator.fleet.engine): colocated replicas behind a router, or prefill and decode pools.
@@ -244,13 +133,14 @@ class RunConfig:
         if self.quantization not in (None, *QUANTIZATIONS):
             raise InputError(f"unknown --quantization {quote(self.quantization)} "
                              f"(choose from {', '.join(QUANTIZATIONS)})")
+        if self.backend not in BACKENDS:
+            raise InputError(f"unknown --backend {quote(self.backend)} (choose from {', '.join(BACKENDS)})")
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
             raise InputError(f"unknown --kv-cache-dtype {quote(self.kv_cache_dtype)} "
                              f"(choose from {', '.join(KV_CACHE_DTYPES)})")
 
     def _check_load(self) -> None:
-        """A finite --rate with --concurrency is vLLM's open loop capped at that many requests in flight;
-        sessions pace their own turns and take no cap."""
+        """A finite --rate with --concurrency caps an open loop; sessions pace their own turns, take no cap."""
         if self.capped_open_loop and self.num_turns > 1:
             raise InputError(f"--num-turns {self.num_turns} paces its own turns; it takes no --max-concurrency cap "
                              "on an open loop")
@@ -304,6 +194,8 @@ class RunConfig:
                 parse_length_dist(getattr(self, name))
             except InputError as exc:
                 raise InputError(f"{flag(name)}: {exc}") from None
+        if self.num_dataset_entries is not None and (self.prefix_len or self.num_turns > 1):
+            raise InputError("--num-dataset-entries pools whole prompts; it takes no --prefix-len or --num-turns")
         if self.duration is not None and self.num_requests is not None:
             # Both would cap the count and the lower would silently win.
             raise InputError(f"give --num-requests ({self.num_requests}) or --duration ({self.duration:g} s), not both")

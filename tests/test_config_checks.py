@@ -12,8 +12,9 @@ from typing import Any
 
 import pytest
 
-from simulator.config import RANGES, RunConfig, flag
+from simulator.config import RunConfig
 from simulator.errors import InputError
+from simulator.ranges import RANGES, flag
 
 POSITIVE = ["tensor_parallel_size", "max_num_seqs", "max_batch_size", "block_size", "input_len", "output_len",
             "num_prefixes", "num_turns", "num_replicas"]

@@ -1,16 +1,15 @@
 """`simulate fit`: least squares of the host-overhead terms over servesim's reruns; the profile it
-writes loads in `simulate --gpu` and `validate` shows its residuals; the shipped vLLM-fitted H100
-profile holds its bound on the rows held out of its fit."""
+writes loads in `simulate --gpu` and `validate` shows its residuals; the shipped stack profiles
+hold their bounds on the rows held out of every fit."""
 
 from __future__ import annotations
 
-import csv
 import json
 from pathlib import Path
 
-import polars as pl
+import numpy as np
 import pytest
-from test_compare import ROW, SILICON, needs_silicon, outcome, write_csv
+from test_compare import ROW, SILICON, outcome, write_csv
 
 from calibration.fit_host import write_profile
 from simulator.deploy.hardware import load_gpu, profile_dir
@@ -82,22 +81,34 @@ def test_fit_refuses_what_it_cannot_fit(tmp_path: Path, capsys: pytest.CaptureFi
     assert not (tmp_path / "f").exists()
 
 
-@needs_silicon
-def test_the_shipped_fit_holds_on_the_rows_it_did_not_see(tmp_path: Path) -> None:
-    # h100_sxm_vllm was fitted on the TP 2 and TP 8 bf16 rows (its profile.json says so); the TP 4
-    # rows are held out. Reached when fitted (README): TPOT 2.7%, TTFT 47.5% median |error|.
-    fit = json.loads((profile_dir("h100_sxm_vllm") / "profile.json").read_text())["host_overhead_fit"]
-    assert fit["fitted_on"]["tensor_parallel_sizes"] == [2, 8]
-    with SILICON.open() as file:
-        held = [row for row in csv.DictReader(file) if row["tp_size"] == "4" and row["precision"] == ""
-                and row["system"] == "h100_sxm"]
-    points = read_points(write_csv(tmp_path / "held.csv", *held))
-    rows = compare_points(points, {})  # the default profile: h100_sxm_vllm
-    assert set(rows["gpu"]) == {"h100_sxm_vllm"} and rows["point"].n_unique() == 30
-    errors = rows.group_by("statistic").agg(pl.col("error").abs().median())
-    median = dict(errors.iter_rows())
-    assert median["tpot_mean"] <= 0.05
-    assert median["ttft_mean"] <= 0.50  # the target is 12%: not reached, see the README
+UPSTREAM = SILICON.parent / "aiconfigurator_silicon_h100_h200.csv"
+
+
+@pytest.mark.skipif(not UPSTREAM.exists(), reason=f"reference table missing: {UPSTREAM}")
+@pytest.mark.parametrize(("backend", "scheduler", "quantization", "held_tp", "ttft_bound", "tpot_bound"), [
+    # Reached (docs/validation/stack-fidelity.md); the targets are TTFT 12%, TPOT 5%.
+    ("vllm", "bench", None, (4,), 0.09, 0.05),  # reached 8.6%, 1.0%
+    ("sglang", "stock", None, (1, 4), 0.11, 0.10),  # reached 10.5%, 9.3% (no host term kept)
+    ("trtllm", "stock", "fp8", (4,), 0.34, 0.08),  # reached 33.5%, 7.3% (none kept)
+])
+def test_each_stack_profile_holds_its_bound_on_rows_no_fit_saw(backend: str, scheduler: str,
+                                                               quantization: str | None, held_tp: tuple[int, ...],
+                                                               ttft_bound: float, tpot_bound: float) -> None:
+    # The shipped <gpu>_<stack> profile (fitted, if at all, on TP 2 and 8 only), rerun on held-out
+    # rows as the data says they ran (the stack's scheduler; no prompt pool).
+    from calibration.upstream_rows import read_upstream
+    from simulator.sim2real.sweeps import Hypothesis
+
+    meta = json.loads((profile_dir(f"h100_sxm_{backend}") / "profile.json").read_text())
+    fit = meta.get("host_overhead_fit")
+    assert fit is None or fit["fitted_on"]["tensor_parallel_sizes"] == [2, 8]
+    held = [p for p in read_upstream(UPSTREAM) if p.backend == backend and p.gpu == "h100_sxm"
+            and p.quantization == quantization and p.tensor_parallel_size in held_tp]
+    assert len(held) >= 27
+    pairs = Hypothesis(scheduler).rerun(held, f"h100_sxm_{backend}")
+    for statistic, bound in (("ttft_mean", ttft_bound), ("tpot_mean", tpot_bound)):
+        errors = [abs(float(np.nanmean(getattr(run, statistic[:4]))) / p.measured[statistic] - 1) for p, run in pairs]
+        assert float(np.median(errors)) <= bound, statistic
 
 
 def test_a_vllm_result_is_fitted_as_measured_on_the_profiles_gpu(tmp_path: Path,

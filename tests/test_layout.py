@@ -16,7 +16,7 @@ MAX_MODULE_LINES = 400
 MAX_TOP_MODULES = 12
 
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("simulator.errors", "simulator.progress"),
+    ("simulator.errors", "simulator.progress", "simulator.ranges"),
     ("workloads",),
     ("simulator.deploy",),
     ("simulator.cost",),

@@ -13,8 +13,8 @@ import click
 import polars as pl
 
 from simulator.cli.options import SettingType, deployment_options, setting
-from simulator.config import Range
 from simulator.errors import InputError
+from simulator.ranges import Range
 
 if TYPE_CHECKING:
     from simulator.deploy.resolve import ModelResolver

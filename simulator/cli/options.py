@@ -10,9 +10,10 @@ from typing import Any, TypeVar
 import click
 
 from simulator.config import DEFAULTS as FIELD_DEFAULTS
-from simulator.config import RANGES, Range, RunConfig, flag, quote
+from simulator.config import RunConfig
 from simulator.deploy.model import KV_CACHE_DTYPES, QUANTIZATIONS
 from simulator.errors import InputError
+from simulator.ranges import RANGES, Range, flag, quote
 
 F = TypeVar("F", bound=Callable[..., Any])
 DEFAULTS = RunConfig()

@@ -16,8 +16,8 @@ import click
 
 from simulator.cli.options import RESULTS_DIR, SettingType, aligned
 from simulator.cli.sweep_command import setting_options
-from simulator.config import Range, quote
 from simulator.errors import InputError
+from simulator.ranges import Range, quote
 from simulator.sweep.grid import SweepSpec, parse_value, read_spec_file
 
 SHOWN = 8

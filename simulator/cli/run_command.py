@@ -17,6 +17,7 @@ from policies import ENABLE_CHUNKED_PREFILL, POLICIES, readers
 from simulator.cli.options import RESULTS_DIR, Choice, deployment_options, parallel_options, setting
 from simulator.config import DEFAULTS, GOODPUT_METRICS, RunConfig, flag, parse_goodput, parse_percentiles, quote
 from simulator.cost import COST_MODELS
+from simulator.deploy.backends import BACKENDS, stack_settings
 from simulator.deploy.hardware import available_gpus
 from simulator.deploy.model import BUILTIN_MODELS
 from simulator.errors import InputError
@@ -90,6 +91,9 @@ def read_by(setting: str) -> str:
 @setting("gpu", help=f"Shipped GPU profile ({', '.join(available_gpus())}) or a profile folder.")
 @setting("cost", type=Choice(COST_MODELS),
          help="Step times from the roofline over the profile's fitted rates, or from its measured kernels.")
+@setting("backend", type=Choice(list(BACKENDS)),
+         help="Serving stack: given, it picks the stack's profile (<gpu>_<backend>) and its stock scheduler "
+              "(policy, token budget, max sequences, prefix cache) where those flags are not given.")
 @deployment_options
 @parallel_options
 @setting("rate", "--request-rate",
@@ -107,6 +111,9 @@ def read_by(setting: str) -> str:
 @setting("output_len", "--random-output-len", help="Output tokens (the mean, with --output-len-dist).")
 @setting("input_len_dist", help=f"Prompt lengths: {LENGTH_SPECS} (uniform's range ratio, lognormal's sigma).")
 @setting("output_len_dist", help="Output lengths, as --input-len-dist.")
+@setting("num_dataset_entries", help="aiperf's prompt pool: every request is one of this many whole prompts, "
+                                     "drawn with replacement by --seed, so repeats hit the prefix cache "
+                                     "[default: none, every prompt its own].")
 @click.option("--random-range-ratio", type=float, default=None,
               help="As vllm bench serve: prompt and output lengths uniform in [len*(1-R), len*(1+R)] "
                    "(--input-len-dist and --output-len-dist uniform:R) [default: none].")
@@ -190,6 +197,9 @@ def run_command(percentiles: str, percentile_metrics: str, goodput: tuple[str, .
 
     given = typed_options()
     settings |= vllm_settings(given, settings["policy"], random_range_ratio, enable_chunked_prefill)
+    if "backend" in given:
+        chosen = given | ({"policy"} if enable_chunked_prefill else set())
+        settings |= stack_settings(settings, chosen, available_gpus())
     config = RunConfig(percentiles=parse_percentiles(percentiles), goodput=parse_goodput(goodput), **settings)
     unused = config.unused_settings()
     if unused:

@@ -11,7 +11,8 @@ from typing import Any
 import click
 
 from simulator.cli.options import Choice, SettingType, aligned
-from simulator.config import Range, parse_percentiles
+from simulator.config import parse_percentiles
+from simulator.ranges import Range
 from simulator.sweep.executors import setting_column
 from simulator.sweep.grid import AXIS_NAMES, SETTING_TYPES, SweepSpec, flag, parse_value, read_spec_file, run_sweep
 

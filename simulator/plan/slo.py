@@ -13,8 +13,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from simulator.config import GOODPUT_METRICS, MAX_SECONDS, parse_goodput, quote
+from simulator.config import GOODPUT_METRICS, parse_goodput
 from simulator.errors import InputError
+from simulator.ranges import MAX_SECONDS, quote
 
 METRICS = ("ttft", "tpot", "itl", "e2el")
 OPERATORS = ("<=", "<")

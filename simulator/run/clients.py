@@ -27,7 +27,10 @@ from simulator.engine.request import Request, RequestColumns
 from simulator.engine.server import Process
 from simulator.run.sessions import SessionClients
 from workloads import Workload
-from workloads.prefixes import request_content
+from workloads.prefixes import OUTPUT, Content, request_content
+
+POOL_PROMPT = OUTPUT + (1 << 40)
+"""Segment ids of a prompt pool's entries (`pool_content`), apart from every other kind of `workloads.prefixes`."""
 
 
 class Requests:
@@ -215,14 +218,15 @@ class ClientRun:
 class BenchmarkClients:
     """`client`'s warm-up sent at once, and once all of it is answered, its `concurrency` clients
     each sending on its reply (or, for a workload with arrivals, each request sent at its arrival);
-    request i reaches the servers `delays[i]` seconds after its send."""
+    request i reaches the servers `delays[i]` seconds after its send. Then each run of `then` the
+    same way, once the one before is all answered: the levels of a sweep against one server."""
 
-    def __init__(self, env: Clock, requests: Requests, client: ClientRun, delays: np.ndarray) -> None:
+    def __init__(self, env: Clock, requests: Requests, client: ClientRun, delays: np.ndarray,
+                 then: list[ClientRun] | None = None) -> None:
         self.env = env
         self.requests = requests
-        self.client = client
+        self.runs = [client, *(then or [])]
         self.delays = delays
-        self.warm_left = client.warmup
         open_loop = requests.workload.arrival is not None
         self.arrivals: list[float] | None = None  # each request reaches the servers after its own delay
         self.on_finish: Callable[[Request, float], None] | None = None if open_loop else self._reply
@@ -233,9 +237,14 @@ class BenchmarkClients:
         if arrival is not None:
             self.env.process(self._open_loop(arrival.tolist()))
         else:
-            client = self.client
-            for _ in range(client.warmup if client.warmup else min(client.concurrency, client.measured)):
-                self._send(0.0)
+            self._begin(0, 0.0)
+
+    def _begin(self, run: int, at: float) -> None:
+        self.run, client = run, self.runs[run]
+        self.first = len(self.requests.sent)
+        self.warm_left, self.answered = client.warmup, 0
+        for _ in range(client.warmup if client.warmup else min(client.concurrency, client.measured)):
+            self._send(at)
 
     def _send(self, at: float) -> None:
         request = self.requests.make(at)
@@ -246,14 +255,18 @@ class BenchmarkClients:
         self.entry.submit(request)
 
     def _reply(self, request: Request, at: float) -> None:
-        client = self.client
-        if request.id < client.warmup:
+        client = self.runs[self.run]
+        if request.id < self.first + client.warmup:
             self.warm_left -= 1
             if self.warm_left == 0:
                 for _ in range(min(client.concurrency, client.measured)):
                     self._send(at)
-        elif len(self.requests.sent) < self.requests.num_requests:
+            return
+        self.answered += 1
+        if len(self.requests.sent) < self.first + client.warmup + client.measured:
             self._send(at)
+        elif self.answered == client.measured and self.run + 1 < len(self.runs):
+            self._begin(self.run + 1, at)
 
     def _open_loop(self, arrivals: list[float]) -> Process:
         env = self.env
@@ -261,3 +274,21 @@ class BenchmarkClients:
             if at > env.now:
                 yield env.arrival_timeout(at - env.now)
             self._send(at)
+
+
+def pool_draws(num_requests: int, entries: int, rng: np.random.Generator, shuffled: bool = False) -> np.ndarray:
+    """Which of `entries` pooled prompts each request sends, as aiperf draws them from its dataset of
+    `--num-dataset-entries` prompts: at random with replacement (aiperf 0.1), or `shuffled`: each
+    entry once per pass, in a new random order each pass (later aiperf)."""
+    if not shuffled:
+        return rng.integers(0, entries, num_requests)
+    passes = -(-num_requests // entries)
+    return np.concatenate([rng.permutation(entries) for _ in range(passes)])[:num_requests]
+
+
+def pool_content(prompt_tokens: np.ndarray, draws: np.ndarray) -> tuple[np.ndarray, tuple[Content, ...]]:
+    """Prompts as whole pooled prompts: request i sends entry `draws[i]`, of the length
+    `prompt_tokens[draws[i]]` (entry k's own); equal entries are equal tokens (the prefix cache's)."""
+    lengths = prompt_tokens[draws % len(prompt_tokens)]
+    content = tuple(((POOL_PROMPT + int(k), int(n)),) for k, n in zip(draws.tolist(), lengths.tolist(), strict=True))
+    return lengths.astype(np.int64), content

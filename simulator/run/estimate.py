@@ -15,8 +15,9 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from simulator.config import MAX_SEQUENCES, MAX_TOKENS, Range, RunConfig, disaggregated
+from simulator.config import RunConfig, disaggregated
 from simulator.errors import InputError
+from simulator.ranges import MAX_SEQUENCES, MAX_TOKENS, Range
 from simulator.run.simulate import DEFAULT_NUM_REQUESTS
 
 # Bytes each thing holds at the least (rounded down from what a run of this code holds).

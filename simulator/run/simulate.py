@@ -12,7 +12,7 @@ from simulator.config import RunConfig, is_fleet
 from simulator.cost import CostModel
 from simulator.deploy.hardware import load_gpu
 from simulator.deploy.model import load_model
-from simulator.run.clients import ClientKind, workload_clients
+from simulator.run.clients import ClientKind, pool_content, pool_draws, workload_clients
 from simulator.run.driver import Engine, run_engine, run_progress
 from simulator.run.pools import build_pools, simulate_fleet
 from simulator.run.result import RunResult, run_result
@@ -33,6 +33,11 @@ def build_workload(config: RunConfig) -> Workload:
         # The fifth stream chooses the prefixes, leaving the others as they were.
         rng = np.random.default_rng(config.seed).spawn(5)[4]
         prompts, content = shared_prefix_content(workload.prompt_tokens, config.prefix_len, config.num_prefixes, rng)
+        workload = replace(workload, prompt_tokens=prompts, content=content)
+    if config.num_dataset_entries is not None:  # aiperf's prompt pool; the sixth stream draws from it
+        rng = np.random.default_rng(config.seed).spawn(6)[5]
+        draws = pool_draws(workload.num_requests, config.num_dataset_entries, rng)
+        prompts, content = pool_content(workload.prompt_tokens, draws)
         workload = replace(workload, prompt_tokens=prompts, content=content)
     if config.num_turns > 1:
         workload = conversations(workload, config.num_turns, config.think_time)

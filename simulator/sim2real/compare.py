@@ -18,6 +18,7 @@ import numpy as np
 import polars as pl
 
 from simulator.config import DEFAULTS, RunConfig
+from simulator.deploy.backends import StackDefaults, stack_defaults, stack_profile
 from simulator.deploy.hardware import available_gpus, load_profile
 from simulator.errors import InputError
 from simulator.run.clients import ClientRun
@@ -29,10 +30,20 @@ from workloads import Workload, synthetic_workload
 
 @dataclass(frozen=True)
 class Scheduler:
-    """The measured servers' scheduler settings (default: vLLM serve's on an H100-class GPU)."""
+    """The measured servers' scheduler settings (default: vLLM serve's on an H100-class GPU) and the
+    client's prompt pool (`num_dataset_entries`, aiperf's; None: every prompt its own)."""
 
     max_num_batched_tokens: int = DEFAULTS["max_num_batched_tokens"]
     max_num_seqs: int = DEFAULTS["max_num_seqs"]
+    policy: str = "chunked"
+    enable_prefix_caching: bool = DEFAULTS["enable_prefix_caching"]
+    num_dataset_entries: int | None = None
+
+    @classmethod
+    def of(cls, stack: StackDefaults, num_dataset_entries: int | None = None) -> Scheduler:
+        """A stack's scheduler (`simulator.deploy.backends`: its stock one, or a benchmark template's)."""
+        return cls(stack.max_num_batched_tokens, stack.max_num_seqs, stack.policy, stack.enable_prefix_caching,
+                   num_dataset_entries)
 
 
 DEFAULT_SCHEDULER = Scheduler()
@@ -44,10 +55,11 @@ ROW_SCHEMA = {"point": pl.String, "group": pl.String, "backend": pl.String, "mod
 """One row per (point, statistic); times in seconds, throughputs per second."""
 
 
-def default_profile(system: str) -> str:
-    """The shipped profile a point measured on `system` reruns on: its vLLM-fitted one (`<system>_vllm`,
-    the host overhead `simulate fit` found for vLLM 0.12 serving) where shipped, else its own."""
-    return f"{system}_vllm" if f"{system}_vllm" in available_gpus() else system
+def default_profile(system: str, backend: str = "vllm") -> str:
+    """The shipped profile a point of `backend` measured on `system` reruns on: that stack's
+    (`<system>_<backend>`, its kernels and the host terms `simulate fit` kept for it) where shipped,
+    else the GPU's own."""
+    return stack_profile(system, backend, available_gpus())
 
 
 def client_time(gpu: str) -> float:
@@ -57,11 +69,16 @@ def client_time(gpu: str) -> float:
 
 
 def point_config(point: MeasuredPoint, gpu: str, seed: int = 0, scheduler: Scheduler = DEFAULT_SCHEDULER) -> RunConfig:
-    """The point's deployment on profile `gpu`; `scheduler`: the server's settings."""
-    return RunConfig(policy="chunked", model=point.model, gpu=gpu, cost="measured",
+    """The point's deployment on profile `gpu`; `scheduler`: the server's settings (the default one,
+    vLLM serve's, stands for the stock scheduler of the point's stack: `simulator.deploy.backends`)."""
+    if scheduler == DEFAULT_SCHEDULER and point.backend != "vllm":
+        scheduler = Scheduler.of(stack_defaults(point.backend))
+    return RunConfig(policy=scheduler.policy, model=point.model, gpu=gpu, cost="measured",
                      tensor_parallel_size=point.tensor_parallel_size, quantization=point.quantization,
                      input_len=point.input_lens[0], output_len=point.output_lens[0], seed=seed,
                      max_num_batched_tokens=scheduler.max_num_batched_tokens, max_num_seqs=scheduler.max_num_seqs,
+                     enable_prefix_caching=scheduler.enable_prefix_caching, backend=point.backend,
+                     num_dataset_entries=scheduler.num_dataset_entries,
                      **deployment_settings(point))
 
 
@@ -117,7 +134,7 @@ def simulated_statistics(run: Replay, wanted: set[str]) -> dict[str, float]:
                       f"{metric}_p99": float(np.percentile(values, 99))}
     reqs = run.result.requests
     stats["request_throughput"] = len(run.ttft) / run.duration
-    stats["output_throughput"] = float(reqs.output_tokens[run.warmup:].sum()) / run.duration
+    stats["output_throughput"] = float(reqs.output_tokens[run.warmup:run.end].sum()) / run.duration
     return {name: value for name, value in stats.items() if name in wanted}
 
 
@@ -146,7 +163,8 @@ def compare_points(points: list[MeasuredPoint], profiles: dict[str, str], seed: 
     for point in points:
         if not point.gpu:
             raise InputError(f"{point.name}: the result does not say its GPU; give --gpu")
-        rows += compare_point(point, profiles.get(point.gpu, default_profile(point.gpu)), seed, scheduler)
+        profile = profiles.get(point.gpu, default_profile(point.gpu, point.backend))
+        rows += compare_point(point, profile, seed, scheduler)
     return pl.DataFrame(rows, schema=ROW_SCHEMA)
 
 

@@ -22,7 +22,7 @@ Two things a closed loop of real clients does that `simulate --concurrency` does
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import polars as pl
@@ -30,7 +30,7 @@ import polars as pl
 from simulator.config import RunConfig
 from simulator.cost import CostModel
 from simulator.metrics.tokens import tokens_table
-from simulator.run.clients import BenchmarkClients, ClientRun
+from simulator.run.clients import BenchmarkClients, ClientRun, pool_content, pool_draws
 from simulator.run.result import RunResult
 from simulator.run.simulate import simulate
 from workloads import Workload
@@ -51,10 +51,15 @@ class Replay:
     duration: float
     """First measured send to last measured reply, seconds."""
     warmup: int
+    """The first measured request's id."""
+    end: int | None = None
+    """One past the last measured request's id (None: the last request's)."""
 
     def itl(self) -> np.ndarray:
         """Every gap between consecutive tokens of the measured requests, pooled (seconds)."""
-        tokens = tokens_table(self.result.log).filter(pl.col("request_id") >= self.warmup).sort("request_id", "index")
+        ids = pl.col("request_id")
+        kept = (ids >= self.warmup) & (ids < self.end) if self.end is not None else ids >= self.warmup
+        tokens = tokens_table(self.result.log).filter(kept).sort("request_id", "index")
         gaps = tokens.select(gap=pl.col("time").diff(), same=pl.col("request_id").diff() == 0)
         return gaps.filter(pl.col("same"))["gap"].to_numpy()
 
@@ -74,20 +79,46 @@ def replay(config: RunConfig, client: ClientRun) -> Replay:
     return replay_workload(config, client, workload)
 
 
+def pooled(workload: Workload, entries: int | None, seed: int, phases: list[int] | None = None) -> Workload:
+    """`workload`'s prompts drawn from aiperf's pool of `entries` prompts (None: as they are): each
+    of `phases` (request counts of the runs of a sweep, each a new aiperf run with the same seed)
+    draws the same sequence from the start; the entries are the same prompts in every phase."""
+    if entries is None:
+        return workload
+    draws = np.concatenate([pool_draws(n, entries, np.random.default_rng(seed))
+                            for n in (phases or [workload.num_requests])])
+    prompts, content = pool_content(workload.prompt_tokens, draws)
+    return replace(workload, prompt_tokens=prompts, content=content)
+
+
 def replay_workload(config: RunConfig, client: ClientRun, workload: Workload, cost: CostModel | None = None) -> Replay:
     """Rerun `workload` as `client` sent it (its first `warmup` requests warm up), with `config`'s
-    cost model or `cost`."""
-    delays = client_delays(client, workload.num_requests, config.seed)
+    cost model or `cost`, its prompts from `config`'s prompt pool (`num_dataset_entries`) if any."""
+    return replay_sweep(config, [client], workload, cost)[0]
+
+
+def replay_sweep(config: RunConfig, clients: list[ClientRun], workload: Workload, cost: CostModel | None = None
+                 ) -> list[Replay]:
+    """The runs of a sweep back to back against one server, its prefix cache kept: run k's requests
+    (`workload`'s, in order) are sent as `clients[k]` sends them once run k - 1 is all answered."""
+    counts = [c.warmup + c.measured for c in clients]
+    workload = pooled(workload, config.num_dataset_entries, config.seed, counts)
+    delays = np.concatenate([client_delays(c, n, config.seed) for c, n in zip(clients, counts, strict=True)])
     result = simulate(config, workload, cost,
-                      clients=lambda env, requests: BenchmarkClients(env, requests, client, delays))
+                      clients=lambda env, requests: BenchmarkClients(env, requests, clients[0], delays, clients[1:]))
+    starts = np.cumsum([0, *counts])
+    return [_measured(result, delays, client, int(start)) for client, start in zip(clients, starts[:-1], strict=True)]
+
+
+def _measured(result: RunResult, delays: np.ndarray, client: ClientRun, start: int) -> Replay:
+    """The Replay of the run whose requests begin at `start`."""
     reqs = result.requests
-    measured = slice(client.warmup, None)
+    measured = slice(start + client.warmup, start + client.warmup + client.measured)
     arrival, first, finish = reqs.arrival[measured], reqs.first_token[measured], reqs.finish[measured]
     output = reqs.output_tokens[measured]
     engine_arrival = arrival + delays[measured]
     log = result.log
-    start, duration = log.column("start"), log.column("duration")
-    ends = start + duration
+    ends = log.column("start") + log.column("duration")
     per_step = np.stack([np.ones(len(log)), log.column("num_seqs"),
                          log.column("prefill_tokens") + log.column("decode_tokens")], axis=1).astype(np.float64)
     cumulative = np.vstack([np.zeros((1, 3)), np.cumsum(per_step, axis=0)])
@@ -102,5 +133,6 @@ def replay_workload(config: RunConfig, client: ClientRun, workload: Workload, co
         per_token = np.where(output > 1, 1.0 / (output - 1), np.nan)[:, None]
     return Replay(result, first - arrival, (finish - first) * per_token[:, 0], finish - arrival,
                   sums(engine_arrival, first), sums(first, finish) * per_token,
-                  float(np.nanmax(finish) - np.min(arrival)) if len(arrival) else 0.0, client.warmup)
+                  float(np.nanmax(finish) - np.min(arrival)) if len(arrival) else 0.0, start + client.warmup,
+                  start + client.warmup + client.measured)
 

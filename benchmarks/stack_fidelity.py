@@ -1,0 +1,142 @@
+"""Per-stack fidelity on aiconfigurator's measured rows, and which hypothesis about how they were
+measured the data supports.
+
+Reruns the aggregated rows of the models servesim has built in (`calibration.upstream_rows`: Qwen3-32B
+on H100 under vLLM, SGLang and TensorRT-LLM; Llama-3.1-8B fp8 on H200 under vLLM) on each stack's
+profile, under each hypothesis (`VARIANTS`: the server's scheduler, the client's prompt pool, the
+sweep order, the request counts), and prints the median |error| of mean TTFT and mean TPOT per stack,
+on the rows a fit may use (TP 2 and 8) and on those held out (TP 1 and 4, and every Llama-3.1-8B
+row). Seconds of CPU: about one per row and variant (2 processes).
+
+    python -m benchmarks.stack_fidelity [--variants bench-pool-sweep,...] [--profile-suffix ""] [--out rows.parquet]
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import os
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import polars as pl
+
+from calibration.upstream_rows import read_upstream
+from simulator.sim2real.compare import default_profile
+from simulator.sim2real.measured import MeasuredPoint
+from simulator.sim2real.sweeps import SUPPORTED, Hypothesis, Unit, sweep_units
+
+SERVING = Path(__file__).resolve().parents[2] / "shared" / "reference" / "serving"
+UPSTREAM = SERVING / "aiconfigurator_silicon_h100_h200.csv"
+FITTED_TP = (2, 8)
+AIPERF_ENTRIES = 100
+"""aiperf's default `--num-dataset-entries`."""
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One hypothesis of how the rows were measured, and the warm-up and measured requests per
+    client (the reader's 1 and 10; aiconfigurator's templates: 2 and 20)."""
+
+    hypothesis: Hypothesis
+    warmup: int = 1
+    measured: int = 10
+
+
+VARIANTS = {
+    "vllm-default": Variant(Hypothesis("vllm-default")),
+    "stock": Variant(Hypothesis("stock")),
+    "bench": Variant(Hypothesis("bench")),
+    "bench-pool": Variant(Hypothesis("bench", AIPERF_ENTRIES)),
+    "bench-pool-sweep": Variant(Hypothesis("bench", AIPERF_ENTRIES, True)),
+    "stock-pool-sweep": Variant(Hypothesis("stock", AIPERF_ENTRIES, True)),
+    "bench-pool-sweep-2x20": Variant(Hypothesis("bench", AIPERF_ENTRIES, True), 2, 20),
+    "supported": Variant(Hypothesis("per-stack")),
+    "supported-2x20": Variant(Hypothesis("per-stack"), 2, 20),
+}
+"""`supported`: each stack under the hypothesis its fitted rows support (`sweeps.SUPPORTED`)."""
+
+
+def held_out(point: MeasuredPoint) -> bool:
+    return point.tensor_parallel_size not in FITTED_TP or point.model == "llama-3.1-8b"
+
+
+def rerun_rows(job: tuple[Unit, str, Variant, str]) -> list[dict[str, Any]]:
+    unit, variant_name, variant, suffix = job
+    points = [replace(p, warmup=variant.warmup * (p.concurrency or 1),
+                      num_requests=variant.measured * (p.concurrency or 1)) for p in unit.points]
+    profile = default_profile(points[0].gpu, points[0].backend) + suffix
+    rows = []
+    hypothesis = SUPPORTED[points[0].backend] if variant.hypothesis.scheduler == "per-stack" else variant.hypothesis
+    for point, run in hypothesis.rerun(points, profile):
+        simulated = {"ttft_mean": float(np.mean(run.ttft)), "tpot_mean": float(np.nanmean(run.tpot))}
+        for statistic, measured in point.measured.items():
+            rows.append({"variant": variant_name, "backend": point.backend, "point": point.name,
+                         "model": point.model, "tp": point.tensor_parallel_size, "concurrency": point.concurrency,
+                         "held_out": held_out(point), "statistic": statistic, "measured": measured,
+                         "simulated": simulated[statistic], "error": (simulated[statistic] - measured) / measured})
+    return rows
+
+
+def fidelity(points: list[MeasuredPoint], variants: list[str], suffix: str = "", workers: int = 2) -> pl.DataFrame:
+    jobs = [(unit, name, VARIANTS[name], suffix) for name in variants
+            for unit in sweep_units(points, VARIANTS[name].hypothesis.sweep)]
+    # spawn, not fork: a forked child of a process whose polars threads hold a lock waits forever.
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+        rows = [row for part in pool.map(rerun_rows, jobs) for row in part]
+    return pl.DataFrame(rows)
+
+
+def table(rows: pl.DataFrame) -> pl.DataFrame:
+    """Median |error| per variant, stack, fitted/held-out rows and statistic."""
+    return (rows.group_by("variant", "backend", "held_out", "statistic")
+            .agg(pl.len().alias("rows"), pl.col("error").abs().median().alias("median_abs_error"),
+                 pl.col("error").median().alias("median_error"))
+            .sort("variant", "backend", "held_out", "statistic"))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--variants", default=",".join(VARIANTS))
+    parser.add_argument("--profile-suffix", default="", help="rerun on <gpu>_<stack><suffix> (e.g. a fitted copy)")
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args()
+    points = read_upstream(UPSTREAM)
+    rows = fidelity(points, args.variants.split(","), args.profile_suffix, min(2, os.cpu_count() or 1))
+    if args.out is not None:
+        rows.write_parquet(args.out)
+    print(f"{'variant':<24}{'stack':<8}{'rows':<9}{'TTFT fit':>10}{'held out':>10}{'TPOT fit':>10}{'held out':>10}")
+    summary = table(rows)
+    for (variant, backend), part in summary.group_by("variant", "backend", maintain_order=True):
+        cell = {(r["held_out"], r["statistic"]): r for r in part.iter_rows(named=True)}
+
+        def pct(held: bool, stat: str, cells: dict[Any, Any] = cell) -> str:
+            r = cells.get((held, stat))
+            return f"{r['median_abs_error']:>9.1%}" if r else f"{'-':>9}"
+
+        n = sum(r["rows"] for k, r in cell.items() if k[1] == "tpot_mean")
+        print(f"{variant:<24}{backend:<8}{n:<9}{pct(False, 'ttft_mean'):>10}{pct(True, 'ttft_mean'):>10}"
+              f"{pct(False, 'tpot_mean'):>10}{pct(True, 'tpot_mean'):>10}")
+    print_groups(rows)
+
+
+def print_groups(rows: pl.DataFrame) -> None:
+    """Median |error| (and signed) per variant, stack, model and tensor parallel size."""
+    groups = (rows.group_by("variant", "backend", "model", "tp", "held_out", "statistic")
+              .agg(pl.len().alias("rows"), pl.col("error").abs().median().alias("abs"),
+                   pl.col("error").median().alias("sgn"))
+              .sort("variant", "backend", "model", "tp"))
+    print(f"\n{'variant':<24}{'stack':<8}{'model':<14}{'TP':>3}{'rows':>6}{'':>10}{'TTFT':>16}{'TPOT':>16}")
+    for key, part in groups.group_by("variant", "backend", "model", "tp", "held_out", maintain_order=True):
+        cell = {r["statistic"]: r for r in part.iter_rows(named=True)}
+        text = "".join(f"{cell[s]['abs']:>8.1%} ({cell[s]['sgn']:+.0%})" if s in cell else f"{'-':>16}"
+                       for s in ("ttft_mean", "tpot_mean"))
+        print(f"{key[0]:<24}{key[1]:<8}{key[2]:<14}{key[3]:>3}{cell['tpot_mean']['rows']:>6}"
+              f"{'held out' if key[4] else 'fitted':>10}{text}")
+
+
+if __name__ == "__main__":
+    main()

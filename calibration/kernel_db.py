@@ -1,0 +1,216 @@
+"""One serving stack's measured kernels, from aiconfigurator's kernel database, as profile tables.
+
+`../shared/reference/kernel-db/<gpu>/<family>/<stack>/<version>/` holds each stack's measured
+kernels (vLLM 0.19.0, SGLang 0.5.14, TensorRT-LLM 1.3.0rc20 on H100 and H200 SXM; latencies in ms),
+each folder with a `collection_meta.yaml` naming its framework and version. `stack_tables` reads
+the tables a profile has (`calibration/README.md`) for one stack, each from the version nearest the
+one asked for among the folders that hold that table, and says which it took.
+
+What each stack runs on Hopper, and so which rows are kept where a table holds several kernels:
+- attention: the stack's own (vLLM's flash-attn, SGLang's FA3 backend, its Hopper default;
+  TensorRT-LLM's), full attention only (`window_size` 0), bf16 math over a bf16 or fp8 KV cache;
+- GEMM: the stack's bf16, fp8 per-tensor and fp8 128x128-block GEMMs (one kernel each);
+- MoE: vLLM's fused MoE, SGLang's Triton fused MoE (its default runner), TensorRT-LLM's CUTLASS
+  MoE; balanced routing, no expert parallelism, `inter_size` one GPU's share of an expert;
+- all-reduce: vLLM's and SGLang's custom all-reduce as captured in CUDA graphs up to 8 MiB (both
+  stacks' default `max_size`), NCCL above (from `../shared/reference/kernels/<gpu>/nccl_perf.parquet`,
+  the kernel database has none); TensorRT-LLM's own all-reduce at every size (it picks its
+  strategy itself, NCCL included).
+Rows measured twice with the same key are merged to their median.
+
+A stack's extra tables (another helper's `model_tables(kernel_db, gpu, stack)`, e.g. MLA) join
+through `extra`: functions returning more named tables.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import polars as pl
+import yaml
+
+MS = 1e-3
+BF16 = 2
+STACK_VERSIONS = {"vllm": "0.19.0", "sglang": "0.5.14", "trtllm": "1.3.0rc20"}
+"""The version each stack's profile is built for (the kernel database's)."""
+CUSTOM_ALLREDUCE_MAX_BYTES = 8 * 2**20
+"""vLLM's and SGLang's custom all-reduce `max_size` default: larger messages go to NCCL
+(vllm/distributed/device_communicators/custom_all_reduce.py, sglang's custom_all_reduce.py)."""
+ExtraTables = Callable[[Path, str, str], dict[str, pl.DataFrame]]
+
+
+@dataclass(frozen=True)
+class StackKernels:
+    """Which measured kernels of a table a stack runs."""
+
+    attention: str
+    gemm: dict[str, str]
+    """gemm_dtype -> kernel_source."""
+    moe: str
+    allreduce: tuple[str, str] | None
+    """(column, value) of the graph-captured custom all-reduce, capped at 8 MiB; None: the whole table."""
+
+
+KERNELS = {
+    "vllm": StackKernels("vllm_flash_attn", dict.fromkeys(("bfloat16", "fp8", "fp8_block"), "vllm_default"),
+                         "vllm_fused_moe", ("backend", "vllm_graph")),
+    "sglang": StackKernels("fa3", {"bfloat16": "sglang_torch_linear", "fp8": "sglang_sgl_kernel_fp8_scaled_mm",
+                                   "fp8_block": "sglang_deepgemm_gemm_nt_f8f8bf16"},
+                           "sglang_fused_moe_triton", ("backend", "sglang_graph")),
+    "trtllm": StackKernels("torch_flow", dict.fromkeys(("bfloat16", "fp8", "fp8_block"), "torch_flow"),
+                           "moe_torch_flow_cutlass", None),
+}
+
+
+def version_key(version: str) -> tuple[int, int, int, int]:
+    """`0.5.14` -> (0, 5, 14, inf-ish); `1.3.0rc20` -> (1, 3, 0, 20): a release sorts after its candidates."""
+    match = re.fullmatch(r"(\d+)\.(\d+)\.(\d+)(?:rc(\d+))?", version)
+    if match is None:
+        raise ValueError(f"unreadable version {version!r}")
+    major, minor, patch, rc = match.groups()
+    return int(major), int(minor), int(patch), int(rc) if rc is not None else 10**6
+
+
+def nearest_version(available: Sequence[str], wanted: str) -> str:
+    """The version of `available` nearest `wanted`: the same one, else the closest by (major, minor,
+    patch, release candidate), a newer one winning a tie."""
+    if not available:
+        raise ValueError("no version to choose from")
+    target = version_key(wanted)
+
+    def distance(version: str) -> tuple[int, ...]:
+        key = version_key(version)
+        return (*(abs(a - b) for a, b in zip(key, target, strict=True)), 0 if key >= target else 1)
+
+    return min(available, key=distance)
+
+
+@dataclass(frozen=True)
+class Source:
+    """One kernel-database table as read: its file and the framework version its metadata gives."""
+
+    path: Path
+    version: str
+
+
+def find_table(kernel_db: Path, gpu: str, family: str, stack: str, table: str, wanted: str) -> Source:
+    """The `table` of `family` for `stack` on `gpu`, from the version nearest `wanted` that holds it."""
+    root = kernel_db / gpu / family / stack
+    holding = [d.name for d in sorted(root.iterdir()) if (d / f"{table}.parquet").is_file()] if root.is_dir() else []
+    if not holding:
+        raise FileNotFoundError(f"{root}: no version holds {table}.parquet")
+    version = nearest_version(holding, wanted)
+    meta = yaml.safe_load((root / version / "collection_meta.yaml").read_text())
+    said = str(meta["runtime"]["version"])
+    if said != version:
+        raise ValueError(f"{root / version}: collection_meta.yaml says version {said}")
+    return Source(root / version / f"{table}.parquet", version)
+
+
+def _median_of_repeats(frame: pl.DataFrame, keys: list[str]) -> pl.DataFrame:
+    return frame.group_by(keys, maintain_order=True).agg(pl.col("latency").median()).sort(keys)
+
+
+def gemm_table(source: Source, dtype: str, kernel: str) -> pl.DataFrame:
+    rows = pl.read_parquet(source.path).filter((pl.col("gemm_dtype") == dtype) & (pl.col("kernel_source") == kernel))
+    return _median_of_repeats(rows.select("n", "k", "m", latency=pl.col("latency") * MS), ["n", "k", "m"]
+                              ).select("m", "n", "k", "latency")
+
+
+def attention_tables(context: Source, generation: Source, kernel: str, kv_dtype: str
+                     ) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """Prefill (no cached prefix: new tokens = isl) and decode (one token over isl + step) attention."""
+    chosen = ((pl.col("kernel_source") == kernel) & (pl.col("window_size") == 0) & (pl.col("beam_width") == 1)
+              & (pl.col("attn_dtype") == "bfloat16") & (pl.col("kv_cache_dtype") == kv_dtype))
+    heads = [pl.col("num_heads"), pl.col("num_key_value_heads").alias("num_kv_heads"), pl.col("head_dim")]
+    prefill = pl.read_parquet(context.path).filter(chosen).select(
+        "batch_size", *heads, new_tokens=pl.col("isl"), context=pl.col("isl") + pl.col("step"),
+        latency=pl.col("latency") * MS)
+    decode = pl.read_parquet(generation.path).filter(chosen).select(
+        "batch_size", *heads, context=pl.col("isl") + pl.col("step"), latency=pl.col("latency") * MS)
+    prefill = _median_of_repeats(prefill, ["num_heads", "num_kv_heads", "head_dim", "batch_size", "new_tokens",
+                                           "context"])
+    decode = _median_of_repeats(decode, ["num_heads", "num_kv_heads", "head_dim", "batch_size", "context"])
+    return (prefill.select("batch_size", "num_heads", "num_kv_heads", "head_dim", "new_tokens", "context", "latency"),
+            decode.select("batch_size", "num_heads", "num_kv_heads", "head_dim", "context", "latency"))
+
+
+def moe_table(source: Source, kernel: str) -> pl.DataFrame:
+    rows = (pl.read_parquet(source.path)
+            .filter((pl.col("kernel_source") == kernel) & (pl.col("distribution") == "balanced")
+                    & (pl.col("moe_ep_size") == 1) & pl.col("moe_dtype").is_in(["bfloat16", "fp8", "fp8_block"]))
+            .select(dtype="moe_dtype", num_tokens="num_tokens", hidden_size="hidden_size",
+                    inter_size=pl.col("inter_size") // pl.col("moe_tp_size"), topk="topk",
+                    num_experts="num_experts", latency=pl.col("latency") * MS))
+    return _median_of_repeats(rows, ["dtype", "hidden_size", "inter_size", "topk", "num_experts", "num_tokens"])
+
+
+def collectives_table(source: Source, chosen: tuple[str, str] | None, nccl: Path) -> pl.DataFrame:
+    """All-reduce as the stack runs it; message_size counts 16-bit elements in both files."""
+    columns = {"op": pl.lit("all_reduce"), "num_gpus": pl.col("num_gpus"),
+               "message_bytes": pl.col("message_size") * BF16, "latency": pl.col("latency") * MS}
+    own = pl.read_parquet(source.path).filter(pl.col("allreduce_dtype") == "bfloat16")
+    if chosen is None:
+        return _median_of_repeats(own.select(**columns), ["op", "num_gpus", "message_bytes"])
+    column, value = chosen
+    custom = own.filter(pl.col(column) == value).select(**columns).filter(
+        pl.col("message_bytes") <= CUSTOM_ALLREDUCE_MAX_BYTES)
+    above = (pl.read_parquet(nccl).filter((pl.col("op_name") == "all_reduce") & (pl.col("nccl_dtype") == "half"))
+             .select(**columns).filter(pl.col("message_bytes") > CUSTOM_ALLREDUCE_MAX_BYTES))
+    return _median_of_repeats(pl.concat([custom, above]), ["op", "num_gpus", "message_bytes"])
+
+
+@dataclass(frozen=True)
+class StackTables:
+    tables: dict[str, pl.DataFrame]
+    families: dict[str, str]
+    """Family -> where its rows came from (profile.json's `families`)."""
+    versions: dict[str, str]
+    """Kernel-database table -> the version it was read from."""
+    device: str
+
+
+def stack_tables(kernel_db: Path, gpu: str, stack: str, nccl: Path, version: str | None = None,
+                 extra: Sequence[ExtraTables] = ()) -> StackTables:
+    """The profile tables of `stack` (at `version`, default its STACK_VERSIONS one) on `gpu`."""
+    kernels, wanted = KERNELS[stack], version or STACK_VERSIONS[stack]
+    found = {table: find_table(kernel_db, gpu, family, stack, table, wanted) for family, table in (
+        ("gemm", "gemm_perf"), ("attention", "context_attention_perf"), ("attention", "generation_attention_perf"),
+        ("moe", "moe_perf"), ("comm", "custom_allreduce_perf"))}
+
+    def said(table: str) -> str:
+        source = found[table]
+        near = "" if source.version == wanted else f", nearest to {wanted}"
+        return f"kernel-db/{gpu}/{source.path.parent.parent.parent.name}/{stack}/{source.version}/{table}" \
+               f".parquet ({stack} {source.version}{near})"
+
+    tables: dict[str, pl.DataFrame] = {}
+    families: dict[str, str] = {}
+    for suffix, dtype in (("", "bfloat16"), ("_fp8", "fp8"), ("_fp8_block", "fp8_block")):
+        tables["gemm" + suffix] = table = gemm_table(found["gemm_perf"], dtype, kernels.gemm[dtype])
+        families["gemm" + suffix] = (f"measured: {said('gemm_perf')}, {kernels.gemm[dtype]} {dtype} "
+                                     f"({table.height} shapes)")
+    for suffix, kv in (("", "bfloat16"), ("_fp8", "fp8")):
+        prefill, decode = attention_tables(found["context_attention_perf"], found["generation_attention_perf"],
+                                           kernels.attention, kv)
+        tables["prefill_attention" + suffix], tables["decode_attention" + suffix] = prefill, decode
+        families["prefill_attention" + suffix] = (f"measured: {said('context_attention_perf')}, {kernels.attention}, "
+                                                  f"{kv} KV ({prefill.height} shapes)")
+        families["decode_attention" + suffix] = (f"measured: {said('generation_attention_perf')}, {kernels.attention}, "
+                                                 f"{kv} KV ({decode.height} shapes)")
+    tables["moe"] = moe = moe_table(found["moe_perf"], kernels.moe)
+    families["moe"] = (f"measured: {said('moe_perf')}, {kernels.moe}, balanced routing, no expert parallelism "
+                       f"({moe.height} rows)")
+    tables["collectives"] = collectives_table(found["custom_allreduce_perf"], kernels.allreduce, nccl)
+    families["collectives"] = (f"measured: {said('custom_allreduce_perf')}, " + (
+        f"{kernels.allreduce[1]} up to 8 MiB, NCCL above ({nccl.parent.name}/{nccl.name}, vLLM 0.14 data)"
+        if kernels.allreduce else "every size"))
+    for more in extra:
+        for name, frame in more(kernel_db, gpu, stack).items():
+            tables[name] = frame
+            families[name] = f"measured: from {getattr(more, '__module__', 'an extra table function')}"
+    device = str(pl.read_parquet(found["gemm_perf"].path, n_rows=1)["device"][0])
+    return StackTables(tables, families, {t: s.version for t, s in found.items()}, device)

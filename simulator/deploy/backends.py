@@ -1,0 +1,108 @@
+"""Serving stacks as profiles: each stack's scheduler semantics and defaults, and its kernel tables.
+
+`--backend vllm|sglang|trtllm` picks a stack: its GPU profile (`<gpu>_<stack>`, built from that
+stack's measured kernels by `calibration/build_reference.py`) and the scheduler settings a stock
+server of that stack starts with on an H100/H200-class GPU, where the user gave none. What each
+default is and where its source says so:
+
+- vLLM 0.19 (V1 engine): chunked prefill always on, one token budget per step shared by decodes and
+  prefill chunks: `max_num_batched_tokens` 8192 and `max_num_seqs` 1024 for the OpenAI server on a
+  GPU of >= 70 GiB (vllm/engine/arg_utils.py, `EngineArgs._set_default_args`); automatic prefix
+  caching on (vllm/config/cache.py, `enable_prefix_caching`); a request that does not fit in free
+  KV blocks preempts the youngest running one, recomputed later (vllm/v1/core/sched/scheduler.py).
+- SGLang 0.5.x: `chunked_prefill_size` 8192 on GPUs of 35-160 GiB, H100 and H200 both
+  (python/sglang/srt/server_args.py, `_handle_gpu_memory_settings`); `max_prefill_tokens` 16384;
+  radix (prefix) cache on (`disable_radix_cache` False); `enable_mixed_chunk` False, so a step is
+  a prefill batch or a decode batch, never both, and a waiting prefill goes first
+  (python/sglang/srt/managers/scheduler.py, `get_next_batch_to_run`): the `prefill-first` policy.
+  `max_running_requests` is sized from KV memory; servesim's KV sizing already caps the running set,
+  so it takes vLLM's 1024 as the cap on top.
+- TensorRT-LLM 1.x (PyTorch backend): `max_batch_size` 2048 and `max_num_tokens` 8192
+  (tensorrt_llm/llmapi/llm_args.py, BuildConfig/TorchLlmArgs defaults); `enable_chunked_prefill`
+  False, so a prompt is computed whole, beside the decodes of the step (in-flight batching): the
+  `inflight` policy; KV block reuse on (`KvCacheConfig.enable_block_reuse` True); the capacity
+  scheduler's `GUARANTEED_NO_EVICT` admits a request only when its whole KV (prompt + max output)
+  is free and never preempts, which servesim's inflight policy does not model (it admits on the
+  prompt's blocks): where KV is short, TRT-LLM queues requests that servesim would start.
+
+aiconfigurator's benchmark templates set these differently (ai-dynamo/aiconfigurator 095f58a,
+src/aiconfigurator/generator/rule_plugin/benchmark/{vllm,sglang,trtllm}.rule): max batch 128, vLLM's
+and TRT-LLM's token budget max batch + isl + 1500 (TRT-LLM's rounded up to its 32-token blocks),
+SGLang's `max_prefill_tokens` isl + 1500 with `enable_mixed_chunk` true, TRT-LLM's block reuse off
+(its templates' default), its overlap scheduler on. `bench_scheduler` gives those; whether the
+measured table's harness used them is not known (../shared/reference/serving/README.md).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from simulator.errors import InputError, clip
+
+BACKENDS = ("vllm", "sglang", "trtllm")
+
+
+@dataclass(frozen=True)
+class StackDefaults:
+    """A stack's scheduler as a stock server starts it (module docstring)."""
+
+    backend: str
+    version: str
+    """The version these defaults, and its profile's kernels, are of."""
+    policy: str
+    max_num_batched_tokens: int
+    """The step's token budget (vLLM max_num_batched_tokens, SGLang chunked_prefill_size,
+    TRT-LLM max_num_tokens)."""
+    max_num_seqs: int
+    """Most requests running at once (vLLM max_num_seqs, SGLang max_running_requests, TRT-LLM
+    max_batch_size)."""
+    enable_prefix_caching: bool
+    """vLLM's prefix caching, SGLang's radix cache, TRT-LLM's KV block reuse."""
+
+
+DEFAULTS = {
+    "vllm": StackDefaults("vllm", "0.19.0", "chunked", 8192, 1024, True),
+    "sglang": StackDefaults("sglang", "0.5.14", "prefill-first", 8192, 1024, True),
+    "trtllm": StackDefaults("trtllm", "1.3.0rc20", "inflight", 8192, 2048, True),
+}
+BENCH_MAX_BATCH = 128
+"""aiconfigurator's benchmark templates' max batch size where none is given."""
+TRTLLM_TOKENS_PER_BLOCK = 32
+
+
+def stack_defaults(backend: str) -> StackDefaults:
+    if backend not in DEFAULTS:
+        raise InputError(f"unknown --backend {clip(repr(backend))} (choose from {', '.join(BACKENDS)})")
+    return DEFAULTS[backend]
+
+
+def stack_profile(gpu: str, backend: str, shipped: list[str]) -> str:
+    """The profile of `backend` on `gpu`: `<gpu>_<backend>` where `gpu` is a shipped base profile
+    that has one, else `gpu` as given (a folder, or a profile already of a stack)."""
+    stack_defaults(backend)
+    return f"{gpu}_{backend}" if f"{gpu}_{backend}" in shipped else gpu
+
+
+def bench_scheduler(backend: str, input_len: int, max_batch: int = BENCH_MAX_BATCH) -> StackDefaults:
+    """The scheduler aiconfigurator's benchmark templates render for an aggregated server of
+    `backend` serving `input_len`-token prompts (module docstring): budget max batch + isl + 1500."""
+    stock = stack_defaults(backend)
+    budget = max_batch + input_len + 1500
+    if backend == "trtllm":
+        budget = -(-budget // TRTLLM_TOKENS_PER_BLOCK) * TRTLLM_TOKENS_PER_BLOCK
+        return StackDefaults(backend, stock.version, stock.policy, budget, max_batch, False)
+    if backend == "sglang":  # enable_mixed_chunk true: chunked prefill mixed with decodes, as vLLM's
+        return StackDefaults(backend, stock.version, "chunked", budget, max_batch, True)
+    return StackDefaults(backend, stock.version, stock.policy, budget, max_batch, True)
+
+
+STACK_SETTINGS = ("policy", "max_num_batched_tokens", "max_num_seqs", "enable_prefix_caching")
+
+
+def stack_settings(settings: dict[str, object], given: set[str], shipped: list[str]) -> dict[str, object]:
+    """What `--backend` sets (it was given): its profile for a shipped base `--gpu`, and its stock
+    scheduler for each of `STACK_SETTINGS` the user did not give."""
+    backend = str(settings["backend"])
+    stock = stack_defaults(backend)
+    chosen: dict[str, object] = {"gpu": stack_profile(str(settings["gpu"]), backend, shipped)}
+    return chosen | {name: getattr(stock, name) for name in STACK_SETTINGS if name not in given}
