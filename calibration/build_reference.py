@@ -28,6 +28,7 @@ import yaml
 
 from calibration.fit_roofline import GPUS, PROFILES_DIR, build_profile
 from calibration.kernel_db import STACK_VERSIONS, ExtraTables, stack_tables
+from calibration.kernel_db_models import write_profile_tables
 
 FORMAT = 1
 HOST_OVERHEAD_SOURCE = (
@@ -206,9 +207,11 @@ def main() -> None:
     args = parser.parse_args()
     for gpu in GPUS:
         build(gpu, args.reference, args.out / gpu)
+        write_profile_tables(args.kernel_db, gpu, "vllm", args.out / gpu)
         print(f"wrote {args.out / gpu}")
         for stack in filter(None, args.stacks.split(",")):
             build_stack(gpu, stack, args.kernel_db, args.reference, args.out / f"{gpu}_{stack}", EXTRA_TABLES)
+            write_profile_tables(args.kernel_db, gpu, stack, args.out / f"{gpu}_{stack}")
             print(f"wrote {args.out / f'{gpu}_{stack}'}")
 
 
