@@ -5,7 +5,7 @@ disaggregated DeepSeek rows of the reference table (`../shared/reference/serving
 aiconfigurator_silicon_h100_h200.csv`), as `simulate compare` does, and prints per model, stack and
 mode: rows, rows rerun, the median |error| of mean TPOT and mean TTFT, and every skip's reason. The
 disaggregated rows whose workers the table does not give (rerun as one prefill and one decode worker,
-`simulator.sim2real.silicon`) are reported apart.
+`simulator.sim2real.silicon`) are reported apart, as `disagg-1p1d`.
 
     python -m benchmarks.compare_models [--jobs 2] [--out rows.parquet]
 """
@@ -30,24 +30,26 @@ NEW_MODELS = {"deepseek-ai/DeepSeek-R1": "deepseek-r1", "deepseek-ai/DeepSeek-V3
               "moonshotai/Kimi-K2.5": "kimi-k2.5", "openai/gpt-oss-120b": "gpt-oss-120b",
               "MiniMaxAI/MiniMax-M2.5": "minimax-m2.5"}
 """The table's hub ids of the new models, with the names the report uses."""
+Key = tuple[str, str, str]
+"""A row's (model, stack, mode)."""
 
 
-def selected_rows(table: Path) -> dict[str, tuple[str, str, str]]:
-    """Each selected row's place (as the reader names it) to (model, stack, mode): the new models'
-    aggregated rows and DeepSeek's disaggregated ones (mode `disagg?` where the workers are not given)."""
-    chosen = {}
+def selected_rows(table: Path) -> tuple[dict[str, Key], dict[str, Key]]:
+    """The selected rows' (model, stack, mode), by row id (a point's name) and by place (a skip's):
+    the new models' aggregated rows and DeepSeek's disaggregated ones (mode `disagg-1p1d` where the
+    table does not give the workers)."""
+    by_id, by_place = {}, {}
     with table.open(newline="") as handle:
         reader = csv.DictReader(handle)
         for row in reader:
-            where = f"{table.name} line {reader.line_num}"
             model = NEW_MODELS.get(row["model_path"].strip())
             if model is None or (row["mode"] == "disagg" and not model.startswith("deepseek")):
                 continue
             mode = row["mode"]
             if mode == "disagg" and not row["prefill_num_workers"].strip():
-                mode = "disagg?"
-            chosen[where] = (model, row["backend"], mode)
-    return chosen
+                mode = "disagg-1p1d"
+            by_id[row["id"]] = by_place[f"{table.name} line {reader.line_num}"] = (model, row["backend"], mode)
+    return by_id, by_place
 
 
 def main() -> None:
@@ -57,52 +59,33 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--out", type=Path, default=None, help="write the compare rows here (Parquet)")
     args = parser.parse_args()
-    chosen = selected_rows(args.table)
+    by_id, by_place = selected_rows(args.table)
     reading = read_silicon_csv(args.table, ModelResolver(args.models, args.models / ".no-hf-cache"))
-    keys = {}
-    for point in reading.points:
-        where = point_place(point.name, chosen, args.table)
-        if where is not None:
-            keys[point.name] = chosen[where]
-    points = [p for p in reading.points if p.name in keys]
-    skipped: list[tuple[tuple[str, str, str], str]] = [(chosen[w], r) for w, r in reading.skipped if w in chosen]
+    points = [p for p in reading.points if p.name in by_id]
+    skipped = [(by_place[where], reason) for where, reason in reading.skipped if where in by_place]
     rows: list[dict[str, object]] = []
     for result in run_units(units_of(points), {}, jobs=args.jobs):
         rows += result.rows
-        skipped += [(keys[name], reason) for name, reason in result.skipped]
+        skipped += [(by_id[name], reason) for name, reason in result.skipped]
     frame = pl.DataFrame(rows, schema=ROW_SCHEMA)
     if args.out is not None:
         frame.write_parquet(args.out)
-    report(frame, keys, chosen, skipped)
+    report(frame, by_id, skipped)
 
 
-def point_place(name: str, chosen: dict[str, tuple[str, str, str]], table: Path) -> str | None:
-    """The reader names a point by its id; the selection is by place, so ids are mapped back once."""
-    if not hasattr(point_place, "ids"):
-        ids: dict[str, str] = {}
-        with table.open(newline="") as handle:
-            reader = csv.DictReader(handle)
-            for row in reader:
-                ids.setdefault(row["id"], f"{table.name} line {reader.line_num}")
-        point_place.ids = ids  # type: ignore[attr-defined]
-    where = point_place.ids.get(name, name)  # type: ignore[attr-defined]
-    return where if where in chosen else None
-
-
-def report(frame: pl.DataFrame, keys: dict[str, tuple[str, str, str]], chosen: dict[str, tuple[str, str, str]],
-           skipped: list[tuple[tuple[str, str, str], str]]) -> None:
+def report(frame: pl.DataFrame, keys: dict[str, Key], skipped: list[tuple[Key, str]]) -> None:
     """The per-(model, stack, mode) table, the aggregated rows' coverage and the skip reasons."""
-    totals = Counter(chosen.values())
+    totals = Counter(keys.values())
     errors = frame.with_columns(key=pl.col("point").replace_strict(
         {name: " ".join(key) for name, key in keys.items()}, default=""), abs_error=pl.col("error").abs())
-    print(f"{'model':<14}{'stack':<8}{'mode':<9}{'rows':>6}{'rerun':>7}{'|err| TPOT':>12}{'|err| TTFT':>12}")
+    print(f"{'model':<14}{'stack':<8}{'mode':<13}{'rows':>6}{'rerun':>7}{'|err| TPOT':>12}{'|err| TTFT':>12}")
     covered = agg = 0
     for key in sorted(totals):
         mine = errors.filter(pl.col("key") == " ".join(key))
         rerun = mine.select("point").n_unique()
         medians = [mine.filter(pl.col("statistic") == s)["abs_error"].median() for s in ("tpot_mean", "ttft_mean")]
         shown = [f"{m:.1%}" if isinstance(m, float) else "-" for m in medians]
-        print(f"{key[0]:<14}{key[1]:<8}{key[2]:<9}{totals[key]:>6}{rerun:>7}{shown[0]:>12}{shown[1]:>12}")
+        print(f"{key[0]:<14}{key[1]:<8}{key[2]:<13}{totals[key]:>6}{rerun:>7}{shown[0]:>12}{shown[1]:>12}")
         if key[2] == "agg":
             covered, agg = covered + rerun, agg + totals[key]
     print(f"\naggregated rows rerun: {covered} of {agg} ({covered / max(agg, 1):.1%})")
