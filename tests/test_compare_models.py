@@ -73,8 +73,8 @@ def test_a_4bit_row_on_a_4bit_checkpoint_runs_the_checkpoints_own_weights(tmp_pa
 def test_gpt_oss_4bit_weights_are_about_the_size_openai_ships(tmp_path: Path) -> None:
     # gpt-oss-120b: 116.8 B parameters, of which the routed experts (36 layers x 128 experts x 3
     # x 2880 x 2880 = 114.7 B) are mxfp4: 4 bits plus an 8-bit scale per 32, 4.25 bits; the rest
-    # (about 2.1 B) bf16. So about 114.7e9 x 4.25 / 8 + 2.1e9 x 2 = 65.1 GB (OpenAI: "fits on one
-    # 80 GB GPU"); in 16 bits it would be 234 GB.
+    # (about 2.1 B) bf16. So about 114.7e9 x 4.25 / 8 + 2.1e9 x 2 = 65.1 GB (vLLM's gpt-oss post:
+    # 63 GB); in 16 bits it would be 234 GB.
     row = AGG | {"model_path": "openai/gpt-oss-120b", "backend": "vllm", "precision": "fp4",
                  "gemm_quant_mode": "nvfp4", "moe_quant_mode": "nvfp4", "tp_size": "1", "moe_tp_size": "1"}
     point = read(tmp_path, row).points[0]
