@@ -105,8 +105,8 @@ def test_a_malformed_field_is_one_line_naming_it(tmp_path: Path, capsys: pytest.
 
 UNMAPPABLE = [("model_path", "acme/Unknown-7B", "model 'acme/Unknown-7B' has no config.json"),
               ("system", "b200", "system 'b200' has no shipped GPU profile"),
-              ("gemm_quant_mode", "fp8_block", "gemm_quant_mode 'fp8_block' on a checkpoint whose config is not fp8"),
-              ("gemm_quant_mode", "nvfp4", "gemm_quant_mode 'nvfp4' (servesim prices bf16 and fp8 weights)"),
+              ("gemm_quant_mode", "w4a8", "gemm_quant_mode 'w4a8'"),
+              ("gemm_quant_mode", "nvfp4", "gemm_quant_mode 'nvfp4' (servesim prices bf16 and fp8 weights, and a"),
               ("backend", "tgi", "backend 'tgi'"), ("tp_size", "3", "does not divide qwen3-32b's num_heads 64")]
 
 

@@ -25,7 +25,7 @@ per 32."""
 FP8_BLOCK_SIDE = 128
 FP8_BLOCK_SCALE_BYTES = 4
 """One fp32 scale per 128 x 128 block of an fp8_block weight."""
-QUANTIZATIONS = ("fp8",)
+QUANTIZATIONS = ("fp8", "fp8_block")
 KV_CACHE_DTYPES = ("auto", "bfloat16", "fp8", "fp8_e4m3")
 Shape = tuple[str, int, int]
 """A GEMM as (name, n, k): output features by input features."""
@@ -304,11 +304,11 @@ class ModelSpec:
 
     def deployed(self, quantization: str | None, kv_cache_dtype: str) -> ModelSpec:
         """The model as a run serves it: `--quantization fp8` stores the linear layers' weights in
-        fp8 (a checkpoint that already is fp8 stays so; 4-bit experts stay 4-bit); `--kv-cache-dtype`
-        sets the KV cache's."""
+        fp8, `fp8_block` in fp8 with a scale per 128 x 128 block (a checkpoint that already is fp8
+        stays so; 4-bit experts stay 4-bit); `--kv-cache-dtype` sets the KV cache's."""
         weights = self.weight_dtype
-        if quantization == "fp8" and weights not in ("fp8", "fp8_block"):
-            weights = "fp8"
+        if quantization in ("fp8", "fp8_block") and weights not in ("fp8", "fp8_block"):
+            weights = quantization
         kv = {"auto": self.kv_cache_dtype, "fp8_e4m3": "fp8"}.get(kv_cache_dtype, kv_cache_dtype)
         return replace(self, weight_dtype=weights, kv_cache_dtype=kv)
 

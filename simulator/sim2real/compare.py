@@ -85,14 +85,19 @@ def point_config(point: MeasuredPoint, gpu: str, seed: int = 0, scheduler: Sched
 def deployment_settings(point: MeasuredPoint) -> dict[str, Any]:
     """The settings beyond one server that the point's deployment needs: a disaggregated row's
     prefill and decode pools (each worker a server of its pool's tensor parallelism), and, where
-    `RunConfig` models them, expert and attention data parallelism."""
+    `RunConfig` models them, expert parallelism (`moe_ep_size` > 1) and attention data parallelism:
+    `attention_dp_size` N is N servers behind the router (`num_replicas`), each rank its own
+    scheduler and `batch_size` of the client's N x `batch_size` requests; with expert parallelism
+    their MoE layers one expert-parallel group (`data_parallel_size` N)."""
     settings: dict[str, Any] = {}
     if point.mode == "disagg" and point.prefill is not None and point.decode is not None:
         settings |= {"prefill_replicas": point.prefill.workers, "decode_replicas": point.decode.workers,
                      "prefill_tensor_parallel_size": point.prefill.tensor_parallel_size,
                      "decode_tensor_parallel_size": point.decode.tensor_parallel_size}
-    if expert_parallel_modelled() and (point.moe_ep_size > 1 or point.attention_dp_size > 1):
-        settings |= {"enable_expert_parallel": point.moe_ep_size > 1, "data_parallel_size": point.attention_dp_size}
+    if point.attention_dp_size > 1:  # a dense model's data parallelism is replicas, nothing shared
+        settings["num_replicas"] = point.attention_dp_size
+    if expert_parallel_modelled() and point.moe_ep_size > 1:
+        settings |= {"enable_expert_parallel": True, "data_parallel_size": point.attention_dp_size}
     return settings
 
 

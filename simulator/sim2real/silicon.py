@@ -13,6 +13,14 @@ row, `batch_size` x `attention_dp_size`, and for a disaggregated one the decode 
 `decode_batch_size` x `decode_num_workers` x `decode_attention_dp_size` (the rule every row that
 says its concurrency in the reference table follows). The client ran a closed loop of that many
 clients: `concurrency` warm-up requests, then 10 x `concurrency` measured.
+
+What is inferred where a row is short or inconsistent (docs/guides/measured-results.md says why):
+- a disaggregated row that gives each pool's parallelism and `silicon_concurrency` but no worker
+  counts nor batch sizes (DeepSeek-R1's Dynamo rows) is one prefill and one decode worker, the
+  smallest deployment of the pools it states;
+- an aggregated row whose id names `tpN_epN` but whose columns say N x N GPUs is the N-GPU
+  deployment (`unsquared`);
+- a 4-bit quant mode on a checkpoint whose routed experts are 4-bit is the checkpoint's own weights.
 """
 
 from __future__ import annotations
@@ -60,6 +68,11 @@ FP8 = ("fp8", "fp8_block")
 EXPERT_PARALLEL = "expert/data parallel attention"
 """The skip reason of rows with attention data parallelism or expert parallelism."""
 CONCURRENCY_NOTE = re.compile(r"silicon_concurrency=([0-9]+)")
+FOUR_BIT = ("nvfp4", "mxfp4", "fp4", "int4", "int4_wo", "w4a16", "w4a16_mxfp4")
+"""4-bit quant modes: on Hopper (no fp4 tensor cores) a 4-bit expert runs weight-only, 16-bit activations."""
+FOUR_BIT_EXPERTS = ("mxfp4", "int4")
+"""A checkpoint's own 4-bit expert dtypes (`ModelSpec.expert_dtype`)."""
+SQUARED_ID = re.compile(r"_tp([0-9]+)(?:_0)?_ep([0-9]+)(?:_0)?_[0-9]+$")
 
 
 def csv_rows(path: Path) -> tuple[list[str], list[tuple[str, dict[str, str]]]]:
@@ -131,10 +144,14 @@ def silicon_point(row: dict[str, str], where: str, resolver: ModelResolver, layo
     model = resolve(resolver, row["model_path"])
     backend = map_backend(row["backend"].strip())
     gpu = map_gpu(row["system"].strip())
-    quantization = weight_quantization(model, cell("precision", "").strip(), cell("gemm_quant_mode", "").strip())
+    four_bit_experts = load_model(model.model).expert_dtype in FOUR_BIT_EXPERTS
+    quantization = weight_quantization(model, cell("precision", "").strip(), cell("gemm_quant_mode", "").strip(),
+                                       four_bit_experts)
     moe_quant = cell("moe_quant_mode", "").strip() or None
-    if model.moe and moe_quant not in (None, *FP8) and moe_quant != quantization:
-        raise Unmappable(f"moe_quant_mode {clip(repr(moe_quant))} (servesim prices bf16 and fp8 experts)")
+    if model.moe and moe_quant not in (None, *FP8) and moe_quant != quantization and not (
+            four_bit_experts and moe_quant in FOUR_BIT):
+        raise Unmappable(f"moe_quant_mode {clip(repr(moe_quant))} (servesim prices bf16 and fp8 experts, and a "
+                         "checkpoint's own 4-bit ones)")
     prefill = decode = None
     if layout == "renamed":
         concurrency = positive_int(row["concurrency"], "concurrency", where, MAX_CONCURRENCY)
@@ -146,6 +163,7 @@ def silicon_point(row: dict[str, str], where: str, resolver: ModelResolver, layo
         moe_tp = optional_int(cell("moe_tp_size", ""), "moe_tp_size", where, MAX_TENSOR_PARALLEL, None)
         moe_ep = optional_int(cell("moe_ep_size", ""), "moe_ep_size", where, MAX_TENSOR_PARALLEL, 1) or 1
         batch = positive_int(row["batch_size"], "batch_size", where, MAX_CONCURRENCY)
+        tp, adp, moe_tp, moe_ep, batch = unsquared(row["id"], tp, adp, moe_tp, moe_ep, batch)
         concurrency = noted_concurrency(cell("silicon_data_source", ""), where) or batch * adp
     else:
         prefill, decode = pool_shape(row, "prefill", where), pool_shape(row, "decode", where)
@@ -159,6 +177,14 @@ def silicon_point(row: dict[str, str], where: str, resolver: ModelResolver, layo
             raise InputError(f"{where}: a concurrency of {concurrency} is past {MAX_CONCURRENCY}")
     pools = [(pp, adp, moe_tp, moe_ep, tp)] + [(p.pp_size, p.attention_dp_size, p.moe_tp_size, p.moe_ep_size,
                                                 p.tensor_parallel_size) for p in (prefill, decode) if p is not None]
+    if model.moe and adp > 1 and moe_ep == 1:
+        raise Unmappable("attention data parallelism without expert parallelism on a MoE model")
+    if prefill is not None and decode is not None:
+        if max(prefill.attention_dp_size, decode.attention_dp_size) > 1:
+            raise Unmappable("attention data parallelism in a prefill or decode pool (servesim's pools are "
+                             "tensor-parallel servers)")
+        if (prefill.moe_ep_size > 1) != (decode.moe_ep_size > 1):
+            raise Unmappable("expert parallelism in one of the prefill and decode pools only")
     for pool_pp, pool_adp, pool_moe_tp, pool_moe_ep, pool_tp in pools:
         if pool_pp > 1:
             raise Unmappable("pipeline parallelism (pp_size > 1)")
@@ -188,9 +214,12 @@ def noted_concurrency(source: str, where: str) -> int | None:
 def pool_shape(row: dict[str, str], role: str, where: str) -> PoolShape:
     """A disaggregated row's `prefill_*` or `decode_*` pool."""
     cells = {name: row.get(f"{role}_{name}", "") for name in POOL_FIELDS}
-    for name in ("num_workers", "tp_size"):
-        if not cells[name].strip():
-            raise Unmappable(f"a disaggregated row without {role}_{name}")
+    if not cells["tp_size"].strip():
+        raise Unmappable(f"a disaggregated row without {role}_tp_size")
+    if not cells["num_workers"].strip():
+        if not CONCURRENCY_NOTE.search(row.get("silicon_data_source", "")):
+            raise Unmappable(f"a disaggregated row without {role}_num_workers nor its concurrency")
+        cells["num_workers"] = "1"  # the smallest deployment of the pools the row states (module docstring)
     return PoolShape(
         workers=positive_int(cells["num_workers"], f"{role}_num_workers", where, MAX_WORKERS),
         tensor_parallel_size=positive_int(cells["tp_size"], f"{role}_tp_size", where, MAX_TENSOR_PARALLEL),
@@ -202,9 +231,11 @@ def pool_shape(row: dict[str, str], role: str, where: str) -> PoolShape:
         moe_ep_size=optional_int(cells["moe_ep_size"], f"{role}_moe_ep_size", where, MAX_TENSOR_PARALLEL, 1) or 1)
 
 
-def weight_quantization(model: Resolved, precision: str, gemm: str) -> str | None:
+def weight_quantization(model: Resolved, precision: str, gemm: str, four_bit_experts: bool = False) -> str | None:
     """The run's `--quantization` from the row's quant modes: None for bf16 weights (or the checkpoint's
-    own fp8, which its config says), `fp8` for fp8 GEMMs on a checkpoint the config does not say is fp8."""
+    own fp8, which its config says), `fp8` for fp8 GEMMs on a checkpoint the config does not say is fp8,
+    `fp8_block` for block-scaled fp8 on a 16-bit one; a 4-bit mode on a checkpoint whose experts are
+    4-bit (gpt-oss's mxfp4, Kimi-K2.5's int4) is the checkpoint's own weights, None."""
     mode = gemm or ("" if precision in BF16 else precision)
     if mode in BF16:
         return None
@@ -213,5 +244,28 @@ def weight_quantization(model: Resolved, precision: str, gemm: str) -> str | Non
     if mode == "fp8_block":
         if model.weight_dtype == "fp8_block":
             return None
-        raise Unmappable("gemm_quant_mode 'fp8_block' on a checkpoint whose config is not fp8 with 128 x 128 blocks")
-    raise Unmappable(f"gemm_quant_mode {clip(repr(mode))} (servesim prices bf16 and fp8 weights)")
+        if model.weight_dtype is None and not model.variant:
+            return "fp8_block"
+        raise Unmappable("gemm_quant_mode 'fp8_block' on a checkpoint whose config is fp8 without 128 x 128 blocks")
+    if mode in FOUR_BIT and four_bit_experts:
+        return None
+    raise Unmappable(f"gemm_quant_mode {clip(repr(mode))} (servesim prices bf16 and fp8 weights, and a "
+                     "checkpoint's own 4-bit experts)")
+
+
+def unsquared(row_id: str, tp: int, adp: int, moe_tp: int | None, moe_ep: int, batch: int
+              ) -> tuple[int, int, int | None, int, int]:
+    """An aggregated row's (tp, attention_dp, moe_tp, moe_ep, batch), repairing the upstream table's
+    squared worker: a row whose id names `tpN..._epN` but whose columns say N x N GPUs (tp_size or
+    attention_dp_size N**2, moe_tp_size = moe_ep_size = N) is the N-GPU deployment the id names, as
+    the same measurement's row in the earlier source file says (tp_size N or attention_dp_size N,
+    moe_tp_size 1, moe_ep_size N, batch_size per rank N times larger)."""
+    named = SQUARED_ID.search(row_id)
+    n = int(named.group(1)) if named and named.group(1) == named.group(2) else 0
+    if n < 2 or moe_tp != n or moe_ep != n or tp * adp != n * n:
+        return tp, adp, moe_tp, moe_ep, batch
+    if tp == n * n and adp == 1:
+        return n, 1, 1, n, batch
+    if adp == n * n and tp == 1:
+        return 1, n, 1, n, batch * n
+    return tp, adp, moe_tp, moe_ep, batch

@@ -1,0 +1,100 @@
+"""Coverage and error of `simulate compare` on the new models' rows of aiconfigurator's table.
+
+Reruns the aggregated rows of DeepSeek-R1/V3, Kimi-K2.5, gpt-oss-120b and MiniMax-M2.5 and the
+disaggregated DeepSeek rows of the reference table (`../shared/reference/serving/
+aiconfigurator_silicon_h100_h200.csv`), as `simulate compare` does, and prints per model, stack and
+mode: rows, rows rerun, the median |error| of mean TPOT and mean TTFT, and every skip's reason. The
+disaggregated rows whose workers the table does not give (rerun as one prefill and one decode worker,
+`simulator.sim2real.silicon`) are reported apart, as `disagg-1p1d`.
+
+    python -m benchmarks.compare_models [--jobs 2] [--out rows.parquet]
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+from collections import Counter
+from pathlib import Path
+
+import polars as pl
+
+from simulator.deploy.resolve import ModelResolver
+from simulator.sim2real.compare import ROW_SCHEMA
+from simulator.sim2real.silicon import read_silicon_csv
+from simulator.sim2real.units import run_units, units_of
+
+REFERENCE = Path(__file__).resolve().parents[2] / "shared" / "reference"
+TABLE = REFERENCE / "serving" / "aiconfigurator_silicon_h100_h200.csv"
+NEW_MODELS = {"deepseek-ai/DeepSeek-R1": "deepseek-r1", "deepseek-ai/DeepSeek-V3": "deepseek-v3",
+              "moonshotai/Kimi-K2.5": "kimi-k2.5", "openai/gpt-oss-120b": "gpt-oss-120b",
+              "MiniMaxAI/MiniMax-M2.5": "minimax-m2.5"}
+"""The table's hub ids of the new models, with the names the report uses."""
+Key = tuple[str, str, str]
+"""A row's (model, stack, mode)."""
+
+
+def selected_rows(table: Path) -> tuple[dict[str, Key], dict[str, Key]]:
+    """The selected rows' (model, stack, mode), by row id (a point's name) and by place (a skip's):
+    the new models' aggregated rows and DeepSeek's disaggregated ones (mode `disagg-1p1d` where the
+    table does not give the workers)."""
+    by_id, by_place = {}, {}
+    with table.open(newline="") as handle:
+        reader = csv.DictReader(handle)
+        for row in reader:
+            model = NEW_MODELS.get(row["model_path"].strip())
+            if model is None or (row["mode"] == "disagg" and not model.startswith("deepseek")):
+                continue
+            mode = row["mode"]
+            if mode == "disagg" and not row["prefill_num_workers"].strip():
+                mode = "disagg-1p1d"
+            by_id[row["id"]] = by_place[f"{table.name} line {reader.line_num}"] = (model, row["backend"], mode)
+    return by_id, by_place
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--table", type=Path, default=TABLE)
+    parser.add_argument("--models", type=Path, default=REFERENCE / "models")
+    parser.add_argument("--jobs", type=int, default=2)
+    parser.add_argument("--out", type=Path, default=None, help="write the compare rows here (Parquet)")
+    args = parser.parse_args()
+    by_id, by_place = selected_rows(args.table)
+    reading = read_silicon_csv(args.table, ModelResolver(args.models, args.models / ".no-hf-cache"))
+    points = [p for p in reading.points if p.name in by_id]
+    skipped = [(by_place[where], reason) for where, reason in reading.skipped if where in by_place]
+    rows: list[dict[str, object]] = []
+    for result in run_units(units_of(points), {}, jobs=args.jobs):
+        rows += result.rows
+        skipped += [(by_id[name], reason) for name, reason in result.skipped]
+    frame = pl.DataFrame(rows, schema=ROW_SCHEMA)
+    if args.out is not None:
+        frame.write_parquet(args.out)
+    report(frame, by_id, skipped)
+
+
+def report(frame: pl.DataFrame, keys: dict[str, Key], skipped: list[tuple[Key, str]]) -> None:
+    """The per-(model, stack, mode) table, the aggregated rows' coverage and the skip reasons."""
+    totals = Counter(keys.values())
+    errors = frame.with_columns(key=pl.col("point").replace_strict(
+        {name: " ".join(key) for name, key in keys.items()}, default=""), abs_error=pl.col("error").abs())
+    print(f"{'model':<14}{'stack':<8}{'mode':<13}{'rows':>6}{'rerun':>7}{'|err| TPOT':>12}{'|err| TTFT':>12}")
+    covered = agg = 0
+    for key in sorted(totals):
+        mine = errors.filter(pl.col("key") == " ".join(key))
+        rerun = mine.select("point").n_unique()
+        medians = [mine.filter(pl.col("statistic") == s)["abs_error"].median() for s in ("tpot_mean", "ttft_mean")]
+        shown = [f"{m:.1%}" if isinstance(m, float) else "-" for m in medians]
+        print(f"{key[0]:<14}{key[1]:<8}{key[2]:<13}{totals[key]:>6}{rerun:>7}{shown[0]:>12}{shown[1]:>12}")
+        if key[2] == "agg":
+            covered, agg = covered + rerun, agg + totals[key]
+    print(f"\naggregated rows rerun: {covered} of {agg} ({covered / max(agg, 1):.1%})")
+    reasons = Counter((key[0], key[2], reason[:120]) for key, reason in skipped)
+    if reasons:
+        print("skipped:")
+        for (model, mode, reason), count in sorted(reasons.items()):
+            print(f"  {count:>4}  {model} {mode}: {reason}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,179 @@
+"""`simulate compare` on the new models' rows of aiconfigurator's table: how a row's deployment maps
+onto servesim's settings (data-parallel attention, expert parallelism, a checkpoint's own 4-bit
+experts, the table's squared workers, disaggregated rows without worker counts), each against a
+hand-worked case, and how many of the aggregated rows are rerun."""
+
+from __future__ import annotations
+
+import csv
+from collections import Counter, defaultdict
+from pathlib import Path
+
+import pytest
+from test_compare import write_csv
+from test_compare_formats import AGG, DISAGG, MODELS, UPSTREAM, needs_upstream
+
+from simulator.deploy.hardware import load_gpu
+from simulator.deploy.model import load_model
+from simulator.deploy.resolve import ModelResolver
+from simulator.errors import InputError
+from simulator.run.pools import build_pools
+from simulator.run.sizing import gpu_shard
+from simulator.sim2real.compare import default_profile, point_config, point_workload
+from simulator.sim2real.measured import read_measured
+from simulator.sim2real.points import Reading
+from simulator.sim2real.silicon import unsquared
+
+pytestmark = needs_upstream
+NEW = ("deepseek-ai/DeepSeek-R1", "deepseek-ai/DeepSeek-V3", "moonshotai/Kimi-K2.5", "openai/gpt-oss-120b",
+       "MiniMaxAI/MiniMax-M2.5")
+PARALLEL = ("batch_size", "tp_size", "attention_dp_size", "moe_tp_size", "moe_ep_size")
+
+
+def read(tmp_path: Path, *rows: dict[str, str]) -> Reading:
+    return read_measured(write_csv(tmp_path / "silicon.csv", *rows), resolver=ModelResolver(MODELS))
+
+
+def test_a_data_parallel_row_is_one_server_per_rank_sharing_its_experts(tmp_path: Path) -> None:
+    # DeepSeek-R1 on 8 GPUs as TensorRT-LLM ran it: attention data parallel 8 (TP 1 each), experts
+    # spread over all 8; batch_size 4 is each rank's, so the client ran 4 x 8 = 32 requests at once.
+    row = AGG | {"model_path": "deepseek-ai/DeepSeek-R1", "backend": "trtllm", "silicon_data_source": "",
+                 "precision": "fp8", "gemm_quant_mode": "fp8", "moe_quant_mode": "fp8", "batch_size": "4",
+                 "tp_size": "1", "attention_dp_size": "8", "moe_tp_size": "1", "moe_ep_size": "8"}
+    point = read(tmp_path, row).points[0]
+    assert point.concurrency == 32 and (point.warmup, point.num_requests) == (32, 320)
+    config = point_config(point, "h200_sxm")
+    assert (config.tensor_parallel_size, config.data_parallel_size, config.num_replicas) == (1, 8, 8)
+    assert config.enable_expert_parallel and config.quantization is None  # the checkpoint's own block fp8
+    model = load_model(config.model)
+    # Each GPU holds 256 / 8 = 32 routed experts whole; the dense layers and attention unsplit.
+    assert gpu_shard(config, model).expert_parallel == 8
+    assert model.num_experts // 8 == 32
+
+
+def test_a_dense_rows_attention_data_parallelism_is_replicas(tmp_path: Path) -> None:
+    point = read(tmp_path, AGG | {"attention_dp_size": "2", "batch_size": "3", "silicon_data_source": ""}).points[0]
+    config = point_config(point, "h100_sxm")
+    assert point.concurrency == 6
+    assert (config.num_replicas, config.data_parallel_size, config.enable_expert_parallel) == (2, 1, False)
+
+
+@pytest.mark.parametrize(("model_path", "gemm", "expert_dtype"), [
+    ("openai/gpt-oss-120b", "nvfp4", "mxfp4"), ("moonshotai/Kimi-K2.5", "int4_wo", "int4")])
+def test_a_4bit_row_on_a_4bit_checkpoint_runs_the_checkpoints_own_weights(tmp_path: Path, model_path: str,
+                                                                          gemm: str, expert_dtype: str) -> None:
+    row = AGG | {"model_path": model_path, "backend": "vllm", "precision": "fp4", "gemm_quant_mode": gemm,
+                 "moe_quant_mode": gemm, "tp_size": "8", "moe_tp_size": "8"}
+    point = read(tmp_path, row).points[0]
+    assert point.quantization is None
+    model = load_model(point.model).deployed(point.quantization, "auto")
+    assert model.expert_dtype == expert_dtype
+
+
+def test_gpt_oss_4bit_weights_are_about_the_size_openai_ships(tmp_path: Path) -> None:
+    # gpt-oss-120b: 116.8 B parameters, of which the routed experts (36 layers x 128 experts x 3
+    # x 2880 x 2880 = 114.7 B) are mxfp4: 4 bits plus an 8-bit scale per 32, 4.25 bits; the rest
+    # (about 2.1 B) bf16. So about 114.7e9 x 4.25 / 8 + 2.1e9 x 2 = 65.1 GB (vLLM's gpt-oss post:
+    # 63 GB); in 16 bits it would be 234 GB.
+    row = AGG | {"model_path": "openai/gpt-oss-120b", "backend": "vllm", "precision": "fp4",
+                 "gemm_quant_mode": "nvfp4", "moe_quant_mode": "nvfp4", "tp_size": "1", "moe_tp_size": "1"}
+    point = read(tmp_path, row).points[0]
+    weights = load_model(point.model).deployed(point.quantization, "auto").weight_bytes
+    assert 60e9 < weights < 70e9, weights
+
+
+def test_block_fp8_of_a_16bit_checkpoint_is_block_fp8_weights(tmp_path: Path) -> None:
+    point = read(tmp_path, AGG | {"precision": "fp8", "gemm_quant_mode": "fp8_block"}).points[0]
+    assert point.quantization == "fp8_block"
+    bf16 = load_model(point.model)
+    deployed = bf16.deployed("fp8_block", "auto")
+    # The linear layers one byte a weight instead of two; the embeddings and the untied LM head
+    # (2 x 151,936 x 5,120 bf16, 3.11 GB) stay. Block fp8 adds a 4-byte scale per 128 x 128 block
+    # of the ~31.2 B linear weights: ~7.6 MB more than per-tensor fp8.
+    assert deployed.weight_dtype == "fp8_block"
+    embeddings = 2 * 151_936 * 5_120 * 2
+    expected = (bf16.weight_bytes - embeddings) / 2 + embeddings
+    assert abs(bf16.deployed("fp8", "auto").weight_bytes - expected) / expected < 1e-4
+    scales = deployed.weight_bytes - bf16.deployed("fp8", "auto").weight_bytes
+    assert 7.4e6 < scales < 7.8e6, scales
+
+
+@pytest.mark.parametrize(("row_id", "given", "meant"), [
+    ("x_agg_1024x1024_c64_tp8_ep8_953", (64, 1, 8, 8, 64), (8, 1, 1, 8, 64)),
+    ("x_agg_1024x1024_c256_tp8_ep8_2011", (1, 64, 8, 8, 4), (1, 8, 1, 8, 32)),
+    ("x_agg_8192x1024_c16_tp4_ep4_926", (16, 1, 4, 4, 16), (4, 1, 1, 4, 16)),
+    # Consistent rows stay as they are: 4 GPUs of MoE TP 2 x EP 2, and an id that does not name them.
+    ("x_agg_1024x1024_c8_tp4_ep2_1", (4, 1, 2, 2, 8), (4, 1, 2, 2, 8)),
+    ("dsr1_h200_trtllm_fp8_agg_1024x1024_c64_cfg181", (64, 1, 8, 8, 64), (64, 1, 8, 8, 64)),
+])
+def test_a_squared_worker_is_read_as_the_deployment_its_id_names(row_id: str, given: tuple[int, ...],
+                                                                 meant: tuple[int, ...]) -> None:
+    assert unsquared(row_id, *given) == meant
+
+
+def test_the_squared_rows_repair_agrees_with_the_same_measurements_earlier_row() -> None:
+    # The table holds some measurements twice, from two source files: where one says N x N GPUs,
+    # the other (same lengths, same TTFT and TPOT to the microsecond) says the N GPUs the id names.
+    with UPSTREAM.open() as file:
+        table = [r for r in csv.DictReader(file) if r["mode"] == "agg"]
+    same = defaultdict(list)
+    for r in table:
+        same[(r["model_path"], r["system"], r["isl"], r["osl"], r["silicon_ttft_ms"][:9], r["silicon_tpot_ms"][:9])
+             ].append(r)
+    checked = 0
+    for rows in same.values():
+        shapes = {tuple(unsquared(r["id"], *(int(r[c] or 1) for c in ("tp_size", "attention_dp_size",
+                                                                       "moe_tp_size", "moe_ep_size",
+                                                                       "batch_size")))) for r in rows}
+        if len(rows) > 1 and len({tuple(r[c] for c in PARALLEL) for r in rows}) > 1:
+            assert len(shapes) == 1, [r["id"] for r in rows]
+            checked += 1
+    assert checked >= 30
+
+
+def test_a_disaggregated_row_without_workers_is_one_prefill_and_one_decode_worker(tmp_path: Path) -> None:
+    row = DISAGG | {"model_path": "deepseek-ai/DeepSeek-R1", "backend": "trtllm", "precision": "fp8",
+                    "gemm_quant_mode": "fp8", "moe_quant_mode": "fp8",
+                    "silicon_data_source": "source_file=2026-03-25.csv; silicon_concurrency=13",
+                    "prefill_batch_size": "", "prefill_num_workers": "", "prefill_tp_size": "8",
+                    "prefill_moe_tp_size": "1", "prefill_moe_ep_size": "8", "decode_batch_size": "",
+                    "decode_num_workers": "", "decode_tp_size": "8", "decode_moe_tp_size": "1",
+                    "decode_moe_ep_size": "8"}
+    reading = read(tmp_path, row, row | {"id": "d2", "silicon_data_source": "source_file=2026-03-25.csv"})
+    point = reading.points[0]
+    assert point.concurrency == 13
+    config = point_config(point, "h200_sxm")
+    assert (config.prefill_replicas, config.decode_replicas) == (1, 1)
+    assert (config.prefill_tensor_parallel_size, config.decode_tensor_parallel_size) == (8, 8)
+    assert config.enable_expert_parallel
+    # Without its concurrency either, nothing says how many clients ran: skipped.
+    assert "without prefill_num_workers nor its concurrency" in reading.skipped[0][1]
+
+
+def test_a_disaggregated_pool_with_data_parallel_attention_is_skipped(tmp_path: Path) -> None:
+    row = DISAGG | {"model_path": "deepseek-ai/DeepSeek-V3", "decode_tp_size": "1", "decode_attention_dp_size": "8",
+                    "decode_moe_tp_size": "1", "decode_moe_ep_size": "8", "prefill_tp_size": "8",
+                    "prefill_moe_tp_size": "1", "prefill_moe_ep_size": "8"}
+    assert "attention data parallelism in a prefill or decode pool" in read(tmp_path, row).skipped[0][1]
+
+
+def test_nine_in_ten_of_the_new_models_aggregated_rows_are_rerun() -> None:
+    # Each row read, and its deployment built and sized as its rerun does (the weights fit each GPU,
+    # the longest request fits the KV cache), without running it.
+    with UPSTREAM.open() as file:
+        ids = {r["id"]: r["model_path"] for r in csv.DictReader(file) if r["model_path"] in NEW
+               and r["mode"] == "agg"}
+    reading = read_measured(UPSTREAM, resolver=ModelResolver(MODELS))
+    rerun: Counter[str] = Counter()
+    for point in reading.points:
+        if point.name in ids:
+            config = point_config(point, default_profile(point.gpu))
+            try:
+                build_pools(config, load_model(config.model), load_gpu(config.gpu), point_workload(point))
+            except InputError:
+                continue
+            rerun[ids[point.name]] += 1
+    total = Counter(ids.values())
+    assert sum(total.values()) == 538
+    assert sum(rerun.values()) >= 0.9 * sum(total.values()), (rerun, total)
+    assert all(rerun[m] >= 0.8 * total[m] for m in NEW), (rerun, total)
