@@ -249,3 +249,17 @@ def test_a_profile_built_for_another_version_names_the_one_it_took(tmp_path: Pat
     assert found.versions["gemm_perf"] == "0.5.14"
     assert "sglang 0.5.14, nearest to 0.5.9" in found.families["gemm"]
     assert found.tables["extra_family"]["latency"].to_list() == [1e-3]  # an extra-table function joins
+
+
+def test_inflight_starts_a_request_only_when_kv_holds_it_to_its_last_token() -> None:
+    # TensorRT-LLM's GUARANTEED_NO_EVICT: 3 blocks of 4 tokens; A and B (4 prompt + 4 output = 2 blocks
+    # each at their end) arrive together. B's prompt fits beside A's (2 blocks of 3), but not its end
+    # beside A's: it starts when A has finished, and nobody is ever preempted. Continuous batching
+    # (vLLM's rule: the prompt fits now) starts both at once.
+    settings = {"max_num_batched_tokens": 16, "max_num_seqs": 8, "block_size": 4, "num_gpu_blocks_override": 3}
+    result, _ = run("inflight", [0.0, 0.0], [4, 4], [4, 4], **settings)
+    a, b = token_times(result, 0), token_times(result, 1)
+    assert b[0] > a[-1]
+    assert build_tables(result).requests["preemptions"].to_list() == [0, 0]
+    vllm, _ = run("continuous", [0.0, 0.0], [4, 4], [4, 4], **settings)
+    assert token_times(vllm, 1)[0] == token_times(vllm, 0)[0]
