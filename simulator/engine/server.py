@@ -33,6 +33,7 @@ from collections.abc import Callable, Generator, Sequence
 from typing import Any
 
 import simpy
+from mypy_extensions import mypyc_attr
 from simpy.events import NORMAL
 
 from simulator.cost import CostModel
@@ -49,6 +50,7 @@ from simulator.errors import InputError
 Process = Generator[simpy.Event, Any, None]
 
 
+@mypyc_attr(native_class=False)  # a compiled class cannot subclass a builtin exception (setup.py)
 class PolicyStalledError(InputError):
     """A policy scheduled nothing while work was waiting: its settings cannot serve this workload."""
 
