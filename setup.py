@@ -57,7 +57,7 @@ class OptionalBuildExt(build_ext):
             say(f"the compiled build failed ({type(error).__name__}: {error}); installing pure Python")
             for output in self.get_outputs():
                 Path(output).unlink(missing_ok=True)
-            self.extensions = []
+            self.extensions.clear()
 
     def get_outputs(self) -> list[str]:
         return super().get_outputs() if self.extensions else []
@@ -81,4 +81,5 @@ def ext_modules() -> list:  # type: ignore[type-arg]
         return []
 
 
-setup(ext_modules=ext_modules(), cmdclass={"build_ext": OptionalBuildExt})
+if __name__ == "__main__":  # as setuptools runs it (tests/test_build.py imports it)
+    setup(ext_modules=ext_modules(), cmdclass={"build_ext": OptionalBuildExt})

@@ -92,7 +92,8 @@ class Server:
         then (cumulative), which it commits at its end; a router reads the blocks held mid-stretch."""
         self._wakeup = simpy.Store(env)
         self._sleeping = False
-        self.process = env.process(self._serve())
+        self._serving = self._serve()
+        env.process(self._serving)
 
     # -- the policy's view --------------------------------------------------------------------------
     @property
@@ -235,5 +236,8 @@ class Server:
         running.log_step(start, first)
 
     def close(self) -> None:
-        """After the clock stopped: bring every request still decoding up to date."""
+        """After the clock stopped: bring every request still decoding up to date, and end the
+        server's process (its generator refers to the server: a cycle that reference counting
+        cannot free, and that a compiled generator keeps whole until a full collection)."""
         self.running_set.make_explicit()
+        self._serving.close()
