@@ -1,12 +1,13 @@
 """Which servesim the tests import: the checkout's modules (pure Python), or with `--installed` the
-installed build, compiled where `pip install .` compiled it (setup.py).
+installed build, compiled where `pip install .` compiled it (setup.py); and `--oracle`, the tests
+that hold the engine to the oracle bit for bit.
 
 `python -m pytest` puts the checkout first on the import path, so by default the tests run the
 checkout's pure modules. With `--installed` the servesim packages are imported from the
 installation instead (their modules are the checkout's, checked file by file, so a stale install
 stops the run rather than testing old code); the tests themselves, the benchmarks and the
 reference data still come from the checkout. The README's test command runs the whole suite with
-`--installed` and the engine's bit-for-bit tests again on the checkout (tests/README.md).
+`--installed`, then `--oracle` on the checkout (tests/README.md says why that split).
 Commands the tests start in a subprocess import what their working directory and path give them.
 """
 
@@ -22,12 +23,23 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("simulator", "policies", "workloads", "calibration")
+ORACLE_TESTS = ("test_engines.py", "test_fleet.py", "test_prefix_cache.py", "test_sessions.py",
+                "test_disaggregation.py", "test_policies.py", "test_policy_registry.py", "test_one_engine.py")
+"""The engine against the oracle, the block-by-block prefix cache and hand-computed cases, table for table."""
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--installed", action="store_true",
                      help="import servesim from its installation (the compiled build where it was compiled), "
                           "not from the checkout")
+    parser.addoption("--oracle", action="store_true",
+                     help=f"only the engine's bit-for-bit tests ({', '.join(ORACLE_TESTS)})")
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    if config.getoption("--oracle") and collection_path.suffix == ".py" and collection_path.parent == ROOT / "tests":
+        return collection_path.name not in ORACLE_TESTS or None
+    return None
 
 
 def installed_location(package: str) -> Path | None:
