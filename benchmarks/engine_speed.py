@@ -26,6 +26,12 @@ workload. Those were measured elsewhere, not by this script: on the same kind of
 whole process, median of 3 alternating runs, microsoft/vidur with the sarathi scheduler (8,192-token
 chunks), Llama-3-8B on H100, Poisson 12 req/s, fixed 2,000/300 tokens, metrics off (`VIDUR`).
 
+Each case runs on both builds of this checkout side by side (setup.py): `pure`, the checkout's
+modules, and `compiled`, the installed servesim when `pip install .` compiled it (its sources must be
+the checkout's; a process outside the checkout imports it). Without a compiled install only the pure
+build is measured, and the table says why. `compiled / pure` and `/ baseline` are medians of
+ratios of runs made back to back.
+
 `--instructions` counts the instructions per request of each case, here and on the baseline, under
 valgrind's callgrind: two whole processes of `INSTRUCTION_SIZES` requests each, their difference
 divided by the difference in requests. Unlike wall time on a shared machine, it does not move from
@@ -40,6 +46,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import re
 import resource
@@ -144,15 +151,44 @@ def baseline_case(case: str, old: Path | None) -> str | None:
     return name if old is not None and f'"{name}"' in old_cases(old) else None
 
 
-def measure(tree: Path, case: str, n: int, tokens: bool) -> dict[str, Any]:
-    """Run one case in a fresh process of the servesim in `tree`; `wall_s` is the whole process,
-    `cpu_s` its user and system CPU time."""
+def launcher(tree: Path, build: str) -> tuple[list[str], Path, dict[str, str]]:
+    """How to start this benchmark in a fresh process of `build` ("pure": the modules of `tree`;
+    "compiled": the installed servesim, from outside the checkout): command, working directory,
+    environment."""
+    if build == "compiled":
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+        return [sys.executable, str(ROOT / "benchmarks" / "engine_speed.py")], Path(tempfile.gettempdir()), env
+    return [sys.executable, "-m", "benchmarks.engine_speed"], tree, os.environ | {"PYTHONPATH": str(tree)}
+
+
+def compiled_build() -> str | None:
+    """Why the compiled build cannot be measured (None when it can): the installed servesim must be
+    compiled, and its engine and policy sources the checkout's."""
+    _, cwd, env = launcher(ROOT, "compiled")
+    probe = ("import simulator, policies; from simulator.engine.build import build_line; "
+             "print(build_line()); print(simulator.__file__); print(policies.__file__)")
+    done = subprocess.run([sys.executable, "-c", probe], cwd=cwd, env=env, capture_output=True, text=True)
+    if done.returncode:
+        return "servesim is not installed"
+    line, simulator_init, policies_init = done.stdout.splitlines()
+    if "compiled" not in line:
+        return f"the installed servesim is {line} (pip install . with a C compiler compiles it)"
+    installed = {"simulator/engine": Path(simulator_init).parent / "engine", "policies": Path(policies_init).parent}
+    for folder, copy in installed.items():
+        for source in (ROOT / folder).glob("*.py"):
+            if not (copy / source.name).is_file() or (copy / source.name).read_bytes() != source.read_bytes():
+                return f"the installed {folder}/{source.name} is not the checkout's (pip install . again)"
+    return None
+
+
+def measure(tree: Path, case: str, n: int, tokens: bool, build: str = "pure") -> dict[str, Any]:
+    """Run one case in a fresh process of the servesim in `tree` (`build`: `launcher`); `wall_s` is
+    the whole process, `cpu_s` its user and system CPU time."""
     command = one_case(case, n, tree) + (["--tokens-dir", tempfile.mkdtemp()] if tokens else [])
-    env = os.environ | {"PYTHONPATH": str(tree)}
+    start_command, cwd, env = launcher(tree, build)
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
-    done = subprocess.run([sys.executable, "-m", "benchmarks.engine_speed", *command], cwd=tree, env=env,
-                          capture_output=True, text=True, check=True)
+    done = subprocess.run([*start_command, *command], cwd=cwd, env=env, capture_output=True, text=True, check=True)
     wall = time.perf_counter() - start
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     row: dict[str, Any] = json.loads(done.stdout)
@@ -195,110 +231,148 @@ def main() -> None:
         print(json.dumps(run_one(args.one[0], int(args.one[1]), args.tokens_dir)))
         return
     if args.vidur:
-        vidur_table([int(s) for s in args.sizes.split(",")], args.repeat)
+        vidur_table([int(s) for s in args.sizes.split(",")], args.repeat, builds())
         return
     if args.instructions and shutil.which("valgrind") is None:
         parser.error("--instructions counts under valgrind's callgrind, and valgrind is not on PATH")
     old = None if args.no_baseline else baseline_tree(args.baseline)
     try:
         if args.instructions:
-            instructions_table(args.cases.split(","), old)
+            instructions_table(args.cases.split(","), old, builds())
             return
-        print(f"{'case':<20}{'requests':>9}{'wall s':>9}{'engine s':>10}{'tokens s':>10}{'steps':>10}"
-              f"{'peak MB':>9}{'baseline wall s':>17}{'MB':>7}{'wall / baseline':>17}{'pairs':>12}"
-              f"{'cpu / baseline':>16}")
-        for n in (int(s) for s in args.sizes.split(",")):
-            for case in args.cases.split(","):
-                reference = baseline_case(case, old)
-                news, refs = [], []
-                for _ in range(args.repeat):  # alternating, so both see the same machine
-                    news.append(measure(ROOT, case, n, args.tokens))
-                    if reference is not None:
-                        assert old is not None
-                        refs.append(measure(old, reference, n, False))
-                new = median_run(news)
-                line = (f"{case:<20}{n:>9}{new['wall_s']:>9.2f}{new['engine_s']:>10.2f}"
-                        f"{new.get('tokens_s', float('nan')):>10.2f}{new['steps']:>10}{new['peak_rss_mb']:>9.0f}")
-                if refs:
-                    ref = median_run(refs)
-                    pairs = list(zip(news, refs, strict=True))
-                    ratios = sorted(a["wall_s"] / b["wall_s"] for a, b in pairs)
-                    cpu = float(np.median([a["cpu_s"] / b["cpu_s"] for a, b in pairs]))
-                    line += (f"{ref['wall_s']:>17.2f}{ref['peak_rss_mb']:>7.0f}{float(np.median(ratios)):>17.2f}"
-                             f"{f'{ratios[0]:.2f}-{ratios[-1]:.2f}':>12}{cpu:>16.2f}")
-                print(line, flush=True)
+        speed_table([int(s) for s in args.sizes.split(",")], args.cases.split(","), old, args.repeat, args.tokens,
+                    builds())
     finally:
         if old is not None:
             subprocess.run(["git", "worktree", "remove", "--force", str(old)], cwd=ROOT, capture_output=True)
             shutil.rmtree(old, ignore_errors=True)
 
 
+def builds() -> list[str]:
+    """The builds to measure: pure, and compiled when it can be (saying why not when it cannot)."""
+    why_not = compiled_build()
+    if why_not is not None:
+        print(f"compiled build not measured: {why_not}", flush=True)
+    return ["pure"] if why_not else ["pure", "compiled"]
+
+
+def paired(news: list[dict[str, Any]], refs: list[dict[str, Any]]) -> tuple[float, float, float, float]:
+    """Median wall and CPU ratios of runs made back to back, and the lowest and highest wall ratio."""
+    walls = sorted(a["wall_s"] / b["wall_s"] for a, b in zip(news, refs, strict=True))
+    cpu = float(np.median([a["cpu_s"] / b["cpu_s"] for a, b in zip(news, refs, strict=True)]))
+    return float(np.median(walls)), cpu, walls[0], walls[-1]
+
+
+def speed_table(sizes: list[int], cases: list[str], old: Path | None, repeat: int, tokens: bool,
+                measured: list[str]) -> None:
+    """Each case on each build and on the baseline, `repeat` times in turn; medians, and ratios of
+    runs made back to back."""
+    print(f"{'case':<21}{'requests':>9}{'build':>9}{'wall s':>8}{'cpu s':>7}{'engine s':>9}{'tokens s':>9}"
+          f"{'steps':>9}{'peak MB':>8}{'baseline wall s':>16}{'cpu s':>7}{'wall / baseline':>16}{'pairs':>11}"
+          f"{'cpu / baseline':>15}{'wall / pure':>12}{'cpu / pure':>11}")
+    for n in sizes:
+        for case in cases:
+            reference = baseline_case(case, old)
+            runs: dict[str, list[dict[str, Any]]] = {build: [] for build in [*measured, "baseline"]}
+            for _ in range(repeat):  # in turn, so that all see the same machine
+                for build in measured:
+                    runs[build].append(measure(ROOT, case, n, tokens, build))
+                if reference is not None:
+                    assert old is not None
+                    runs["baseline"].append(measure(old, reference, n, False))
+            for build in measured:
+                new = median_run(runs[build])
+                line = (f"{case:<21}{n:>9}{build:>9}{new['wall_s']:>8.2f}{new['cpu_s']:>7.2f}{new['engine_s']:>9.2f}"
+                        f"{new.get('tokens_s', float('nan')):>9.2f}{new['steps']:>9}{new['peak_rss_mb']:>8.0f}")
+                if runs["baseline"]:
+                    ref = median_run(runs["baseline"])
+                    wall, cpu, low, high = paired(runs[build], runs["baseline"])
+                    pairs = f"{low:.2f}-{high:.2f}"
+                    line += f"{ref['wall_s']:>16.2f}{ref['cpu_s']:>7.2f}{wall:>16.2f}{pairs:>11}{cpu:>15.2f}"
+                else:
+                    line += f"{'-':>16}{'-':>7}{'-':>16}{'-':>11}{'-':>15}"
+                if build != "pure":
+                    wall, cpu, _, _ = paired(runs[build], runs["pure"])
+                    line += f"{wall:>12.2f}{cpu:>11.2f}"
+                print(line, flush=True)
+
+
 INSTRUCTION_SIZES = (2_000, 6_000)
 """Two runs per case: the difference of their counts is the engine's and its summary's, start-up cancels."""
 
 
-def instructions(tree: Path, case: str, n: int) -> int:
-    """Instructions one whole `--one` process executes under callgrind (BLAS on one thread, whose
-    idle threads would otherwise spin and count; a fixed hash seed)."""
-    command = ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", sys.executable, "-m",
-               "benchmarks.engine_speed", *one_case(case, n, tree)]
-    env = os.environ | {"PYTHONPATH": str(tree), "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1",
-                        "PYTHONHASHSEED": "0"}
-    done = subprocess.run(command, cwd=tree, env=env, capture_output=True, text=True, check=True)
+def instructions(tree: Path, case: str, n: int, build: str = "pure") -> int:
+    """Instructions one whole `--one` process of `build` executes under callgrind (BLAS on one
+    thread, whose idle threads would otherwise spin and count; a fixed hash seed)."""
+    start, cwd, env = launcher(tree, build)
+    command = ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", *start, *one_case(case, n, tree)]
+    env = env | {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "PYTHONHASHSEED": "0"}
+    done = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, check=True)
     counted = re.search(r"Collected : (\d+)", done.stderr)
     assert counted is not None, done.stderr[-2000:]
     return int(counted.group(1))
 
 
-def instructions_table(cases: list[str], old: Path | None) -> None:
-    """Instructions per request, a figure the machine's load does not move (unlike wall time)."""
-    def per_request(tree: Path, case: str) -> float:
+def instructions_table(cases: list[str], old: Path | None, measured: list[str]) -> None:
+    """Instructions per request on each build and the baseline, a figure the machine's load does not
+    move (unlike wall time)."""
+    def per_request(tree: Path, case: str, build: str = "pure") -> float:
         low, high = INSTRUCTION_SIZES
-        return (instructions(tree, case, high) - instructions(tree, case, low)) / (high - low)
+        return (instructions(tree, case, high, build) - instructions(tree, case, low, build)) / (high - low)
 
-    print(f"{'case':<20}{'instructions / request':>24}{'baseline':>10}{'ratio':>7}")
+    print(f"{'case':<21}{'pure':>10}{'compiled':>10}{'compiled / pure':>17}{'baseline':>10}{'pure / baseline':>17}"
+          f"{'compiled / baseline':>21}  (instructions per request)")
     for case in cases:
-        new = per_request(ROOT, case)
-        line = f"{case:<20}{new:>24,.0f}"
+        counts = {build: per_request(ROOT, case, build) for build in measured}
+        compiled = counts.get("compiled", math.nan)
+        line = f"{case:<21}{counts['pure']:>10,.0f}{compiled:>10,.0f}{compiled / counts['pure']:>17.2f}"
         reference = baseline_case(case, old)
         if reference is not None:
             assert old is not None
             ref = per_request(old, reference)
-            line += f"{ref:>10,.0f}{new / ref:>7.2f}"
+            line += f"{ref:>10,.0f}{counts['pure'] / ref:>17.2f}{compiled / ref:>21.2f}"
         print(line, flush=True)
 
 
-def cli_wall(n: int, tokens: bool) -> tuple[float, float]:
-    """Whole-process wall seconds and peak RSS (MB) of one `simulate` run of the Vidur case."""
+def cli_wall(n: int, tokens: bool, build: str = "pure") -> tuple[float, float]:
+    """Whole-process wall seconds and peak RSS (MB) of one `simulate` run of the Vidur case on
+    `build` (the command line's entry point, in a directory that picks the build: `launcher`)."""
     with tempfile.TemporaryDirectory() as out:
-        command = [str(Path(sys.executable).parent / "simulate"), *VIDUR_CASE, "--num-prompts", str(n),
-                   "--tokens" if tokens else "--no-tokens", "--out", str(Path(out) / "run")]
+        _, cwd, env = launcher(ROOT, build)
+        command = [sys.executable, "-c", "from simulator.cli.main import run; run()", *VIDUR_CASE, "--num-prompts",
+                   str(n), "--tokens" if tokens else "--no-tokens", "--out", str(Path(out) / "run")]
         before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
         start = time.perf_counter()
-        subprocess.run(command, cwd=ROOT, check=True, capture_output=True)
+        subprocess.run(command, cwd=cwd, env=env, check=True, capture_output=True)
         wall = time.perf_counter() - start
         peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
     # ru_maxrss of children is the largest child so far: exact for the first and for any new peak.
     return wall, max(peak, before) / 1024
 
 
-def vidur_table(sizes: list[int], repeat: int) -> None:
-    """Medians of `repeat` runs; `s / 100k` shows how the wall time scales with the request count."""
-    print(f"{'requests':>9}{'tokens':>8}{'servesim wall s':>17}{'s / 100k':>10}{'peak MB':>9}{'Vidur wall s':>14}"
-          f"{'Vidur / servesim':>18}  Vidur, as measured elsewhere")
+def vidur_table(sizes: list[int], repeat: int, measured: list[str]) -> None:
+    """Medians of `repeat` runs of each build, in turn; `s / 100k` shows how the wall time scales
+    with the request count."""
+    print(f"{'requests':>9}{'tokens':>8}{'build':>10}{'servesim wall s':>17}{'s / 100k':>10}{'peak MB':>9}"
+          f"{'Vidur wall s':>14}{'Vidur / servesim':>18}  Vidur, as measured elsewhere")
     for n in sizes:
         for tokens in (False, True):
             if tokens and (n, True) not in VIDUR:
                 continue
-            runs = sorted(cli_wall(n, tokens) for _ in range(repeat))
-            wall, peak = runs[len(runs) // 2]
-            vidur = VIDUR.get((n, tokens))
-            line = f"{n:>9}{'on' if tokens else 'off':>8}{wall:>17.2f}{wall * 100_000 / n:>10.2f}{peak:>9.0f}"
-            if vidur:
-                line += f"{vidur[0]:>14.1f}{vidur[0] / wall:>18.1f}  {vidur[1]}"
-            else:
-                line += f"{'-':>14}{'-':>18}  not measured"
-            print(line, flush=True)
+            runs: dict[str, list[tuple[float, float]]] = {build: [] for build in measured}
+            for _ in range(repeat):
+                for build in measured:
+                    runs[build].append(cli_wall(n, tokens, build))
+            for build in measured:
+                wall, peak = sorted(runs[build])[repeat // 2]
+                vidur = VIDUR.get((n, tokens))
+                line = (f"{n:>9}{'on' if tokens else 'off':>8}{build:>10}{wall:>17.2f}{wall * 100_000 / n:>10.2f}"
+                        f"{peak:>9.0f}")
+                if vidur:
+                    line += f"{vidur[0]:>14.1f}{vidur[0] / wall:>18.1f}  {vidur[1]}"
+                else:
+                    line += f"{'-':>14}{'-':>18}  not measured"
+                print(line, flush=True)
 
 
 def old_cases(tree: Path) -> str:

@@ -11,13 +11,16 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from mypy_extensions import mypyc_attr
+
 from policies.settings import RunSettings
 from simulator.engine.request import Request
 from simulator.engine.step import Scheduling, Step, View
 
-SETTINGS = ("max_num_batched_tokens", "long_prefill_token_threshold")
+SETTINGS: tuple[str, ...] = ("max_num_batched_tokens", "long_prefill_token_threshold")
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # a policy of your own may extend it (setup.py)
 @dataclass(frozen=True)
 class ChunkedPrefill:
     max_num_seqs: int

@@ -17,7 +17,7 @@ from simulator.engine.request import Request
 from simulator.engine.step import Scheduling, Step, View
 from simulator.errors import InputError
 
-SETTINGS = ("max_num_batched_tokens",)
+SETTINGS: tuple[str, ...] = ("max_num_batched_tokens",)
 
 
 @dataclass(frozen=True)

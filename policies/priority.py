@@ -11,7 +11,7 @@ from policies import chunked
 from policies.settings import RunSettings
 from simulator.engine.step import Scheduling
 
-SETTINGS = (*chunked.SETTINGS, "priority_levels")
+SETTINGS: tuple[str, ...] = (*chunked.SETTINGS, "priority_levels")
 """`priority_levels` too: the workload is drawn with that many priorities, which only this policy orders by."""
 
 

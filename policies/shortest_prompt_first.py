@@ -15,7 +15,7 @@ from policies.settings import RunSettings
 from simulator.engine.request import Request
 from simulator.engine.step import View
 
-SETTINGS = chunked.SETTINGS
+SETTINGS: tuple[str, ...] = chunked.SETTINGS
 
 
 @dataclass(frozen=True)

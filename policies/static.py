@@ -17,7 +17,7 @@ from simulator.engine.request import Request
 from simulator.engine.step import PaddedBatch, Scheduling, Step, View
 from simulator.errors import InputError
 
-SETTINGS = ("max_batch_size", "max_queue_delay")
+SETTINGS: tuple[str, ...] = ("max_batch_size", "max_queue_delay")
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,9 @@ import gc
 import importlib.util
 import re
 import sys
+from collections.abc import Sequence
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import polars as pl
@@ -17,6 +19,7 @@ from helpers import UnitCost
 import policies
 from simulator.config import RunConfig
 from simulator.engine.clock import Clock
+from simulator.engine.step import Policy, Step
 from simulator.metrics.summary import build_tables
 from simulator.metrics.tokens import TokensTable, token_chunks, tokens_table
 from simulator.run.simulate import simulate
@@ -46,17 +49,34 @@ def test_a_copied_policy_module_gives_identical_tables(module: str, monkeypatch:
         assert getattr(copied, name).equals(getattr(built_in, name)), name
 
 
+class Broken:
+    """A built-in policy that raises when asked for a step (everything else as the policy's own). A
+    wrapper, not a patched class: the compiled build's classes cannot be patched."""
+
+    def __init__(self, policy: Policy) -> None:
+        self.policy = policy
+        self.scheduling = policy.scheduling
+        self.prefix_hits = policy.prefix_hits
+
+    def __call__(self, view: object) -> Step:
+        raise RuntimeError("policy called")
+
+    def max_step_tokens(self, longest_prompt: int) -> int:
+        return self.policy.max_step_tokens(longest_prompt)
+
+    def check_prompts(self, prompt_tokens: Sequence[int]) -> None:
+        self.policy.check_prompts(prompt_tokens)
+
+
 def test_policies_decide_every_run(monkeypatch: pytest.MonkeyPatch) -> None:
     """A policy that raises makes the run fail: nothing schedules behind the policy's back."""
     for name in ("chunked", "continuous", "static", "priority"):
-        policy_type = type(policies.build_policy(RunConfig(policy=name)))
-
-        def broken(self: object, view: object) -> None:
-            raise RuntimeError("policy called")
-
-        monkeypatch.setattr(policy_type, "__call__", broken)
+        module = policies.POLICIES[name]
+        broken = SimpleNamespace(SETTINGS=module.SETTINGS, build=lambda settings, module=module: Broken(
+            module.build(settings)))
+        monkeypatch.setitem(policies.POLICIES, "broken", broken)  # type: ignore[arg-type]
         with pytest.raises(RuntimeError, match="policy called"):
-            simulate(RunConfig(policy=name, rate=12.0, num_requests=20))
+            simulate(RunConfig(policy="broken", rate=12.0, num_requests=20))
         monkeypatch.undo()
 
 

@@ -186,7 +186,10 @@ def test_spans_keep_the_block_rules_call_by_call(data: st.DataObject) -> None:
 
 def hits_after_taking(kv: KVBlocks, waiting: list[Request], n: int) -> list[int]:
     """Each waiting request's hit blocks in a copy of `kv` once `n` blocks are taken from it."""
-    kv, waiting = copy.deepcopy((kv, waiting))
+    copied, waiting = copy.deepcopy((kv, waiting))
+    if hasattr(kv, "__dict__"):  # a subclass's own state (a compiled base class copies only its own fields)
+        copied.__dict__.update(copy.deepcopy(kv.__dict__))
+    kv = copied
     kv.take(n)
     for request in waiting:
         kv.look_up(request)

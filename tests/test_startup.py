@@ -59,7 +59,7 @@ def test_the_command_list_imports_no_verb_and_no_numerical_library(tmp_path: Pat
 def test_the_lazy_command_list_is_what_click_prints_with_every_verb_imported(width: int) -> None:
     """The group's help, its short helps read from source, against click's own help of the same group
     built the ordinary way, every command imported and registered."""
-    eager = DefaultGroup("simulate", help=main.help, default="run", default_if_no_args=True)
+    eager = DefaultGroup("simulate", help=main.help, params=list(main.params), default="run", default_if_no_args=True)
     for name in VERBS:
         eager.add_command(main.load(name), name)
     lazy_help = main.get_help(click.Context(main, info_name="simulate", terminal_width=width))

@@ -85,7 +85,25 @@ class LazyGroup(DefaultGroup):
             DefaultCommandFormatter(self, formatter, mark="*").write_dl(rows)
 
 
+def print_version(ctx: click.Context, param: click.Parameter, value: bool) -> None:
+    """`--version`: servesim's version and which build of the engine runs (simulator.engine.build)."""
+    if not value or ctx.resilient_parsing:
+        return
+    from importlib.metadata import PackageNotFoundError, version
+
+    from simulator.engine.build import build_line  # imports the engine: only when asked
+
+    try:
+        installed = version("servesim")
+    except PackageNotFoundError:
+        installed = "(not installed)"
+    click.echo(f"servesim {installed}, engine: {build_line()}")
+    ctx.exit()
+
+
 @click.group(cls=LazyGroup, verbs=VERBS, default="run", default_if_no_args=True)
+@click.option("--version", is_flag=True, expose_value=False, is_eager=True, callback=print_version,
+              help="Print the version and which build of the engine runs (compiled or pure Python), then exit.")
 def main() -> None:
     """servesim: a discrete-event simulator of LLM inference serving.
 

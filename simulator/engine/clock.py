@@ -28,7 +28,7 @@ class _At(Timeout):
     def __init__(self, env: Clock, at: float, priority: int) -> None:
         # Timeout.__init__ without the relative delay (simpy inlines the same fields there).
         self.env = env
-        self.callbacks = []
+        self.callbacks: list[Any] = []  # typed here too: the compiled build type-checks without simpy installed
         self._value = None
         self._delay = at - env._now  # type: ignore[attr-defined]
         self._ok = True

@@ -54,6 +54,8 @@ from dataclasses import dataclass
 from itertools import compress, count
 from typing import Any
 
+from mypy_extensions import mypyc_attr
+
 from simulator.engine.request import Request
 
 
@@ -69,6 +71,7 @@ class Span:
     refs: int
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # tests/kv_reference.py checks it block by block (setup.py)
 @dataclass
 class KVBlocks:
     """Paged KV memory as block counts, and with `caching` the prefix cache over them (module

@@ -16,10 +16,13 @@ from bisect import bisect_left, insort
 from collections import deque
 from collections.abc import Iterator
 
+from mypy_extensions import mypyc_attr
+
 from simulator.engine.request import Request
 from simulator.engine.step import Scheduling
 
 
+@mypyc_attr(native_class=False)  # a compiled class cannot subclass deque (setup.py)
 class FcfsQueue(deque[Request]):
     """A deque, so that a policy iterating it and the engine counting it make no Python call."""
 
@@ -65,7 +68,8 @@ class PriorityQueue:
         insort(self._keys, (-priority, -arrival, -rid))
         self._requests[rid] = request
 
-    requeue = push
+    def requeue(self, request: Request) -> None:
+        self.push(request)
 
     def remove(self, request: Request) -> None:
         priority, arrival, rid = _order(request)

@@ -33,6 +33,7 @@ from collections.abc import Callable, Generator, Sequence
 from typing import Any
 
 import simpy
+from mypy_extensions import mypyc_attr
 from simpy.events import NORMAL
 
 from simulator.cost import CostModel
@@ -49,6 +50,7 @@ from simulator.errors import InputError
 Process = Generator[simpy.Event, Any, None]
 
 
+@mypyc_attr(native_class=False)  # a compiled class cannot subclass a builtin exception (setup.py)
 class PolicyStalledError(InputError):
     """A policy scheduled nothing while work was waiting: its settings cannot serve this workload."""
 
@@ -90,7 +92,8 @@ class Server:
         then (cumulative), which it commits at its end; a router reads the blocks held mid-stretch."""
         self._wakeup = simpy.Store(env)
         self._sleeping = False
-        self.process = env.process(self._serve())
+        self._serving = self._serve()
+        env.process(self._serving)
 
     # -- the policy's view --------------------------------------------------------------------------
     @property
@@ -233,5 +236,8 @@ class Server:
         running.log_step(start, first)
 
     def close(self) -> None:
-        """After the clock stopped: bring every request still decoding up to date."""
+        """After the clock stopped: bring every request still decoding up to date, and end the
+        server's process (its generator refers to the server: a cycle that reference counting
+        cannot free, and that a compiled generator keeps whole until a full collection)."""
         self.running_set.make_explicit()
+        self._serving.close()

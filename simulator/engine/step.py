@@ -45,12 +45,15 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
+from mypy_extensions import mypyc_attr
+
 from simulator.engine.kv import KVBlocks
 from simulator.engine.request import Request
 
 Scheduling = Literal["fcfs", "priority"]
 
 
+@mypyc_attr(native_class=False)  # a compiled class cannot subclass a builtin exception (setup.py)
 class PolicyError(RuntimeError):
     """A policy returned a step the engine cannot carry out."""
 

@@ -23,6 +23,7 @@ from typing import Any, Protocol
 import polars as pl
 import pyarrow.parquet as pq
 
+from simulator.engine.build import build_line
 from simulator.errors import InputError
 from simulator.outputs.locks import try_lock
 from simulator.progress import Bar
@@ -196,7 +197,8 @@ def write_run(out: Path, tables: dict[str, pl.DataFrame | StreamedTable], summar
                     table.write(scratch / f"{name}.parquet", parquet_metadata(metadata), advance)
                 written += table.height
             (scratch / "summary.json").write_text(
-                json.dumps(json_safe({"settings": settings, "summary": summary}), indent=2) + "\n")
+                json.dumps(json_safe({"settings": settings, "summary": summary,
+                                      "provenance": {"engine_build": build_line()}}), indent=2) + "\n")
             if out.exists():
                 out.rmdir()
             os.replace(scratch, out)
