@@ -32,6 +32,8 @@ COMPILED = [
     "simulator/engine/stretch.py",
     "policies/chunked.py",
     "policies/continuous.py",
+    "policies/inflight.py",
+    "policies/prefill_first.py",
     "policies/priority.py",
     "policies/shortest_prompt_first.py",
     "policies/static.py",
