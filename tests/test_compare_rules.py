@@ -1,0 +1,51 @@
+"""`simulate compare` reruns a silicon table's rows as the data supports they ran, per stack
+(`simulator.sim2real.sweeps.SUPPORTED`), on the stack's own profile; `--client plain` reruns them on
+the scheduler the flags give."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import polars as pl
+import pytest
+from test_compare import outcome, write_csv
+from test_compare_formats import AGG
+
+# A vLLM row whose prompts do not all fit vLLM's default budget of 8,192 tokens in one step
+# (8 x 3,000), so the budget rule shows in its TTFT.
+VLLM = AGG | {"id": "v1", "backend": "vllm", "backend_version": "0.12.0", "isl": "3000",
+              "silicon_data_source": "silicon_concurrency=8", "batch_size": "8"}
+
+
+def rows(tmp_path: Path, capsys: pytest.CaptureFixture[str], name: str, *flags: str) -> pl.DataFrame:
+    path = write_csv(tmp_path / "silicon.csv", VLLM, AGG)
+    code, _, err = outcome(["compare", str(path), "--jobs", "1", "--out", str(tmp_path / name), *flags], capsys)
+    assert code == 0, err
+    return pl.read_parquet(tmp_path / name).sort("point", "statistic")
+
+
+def test_a_vllm_silicon_row_reruns_with_the_templates_budget_by_default(tmp_path: Path,
+                                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    # aiconfigurator's templates: max batch 128 (more than the 8 clients), budget 128 + 3000 + 1500.
+    default = rows(tmp_path, capsys, "default.parquet")
+    by_hand = rows(tmp_path, capsys, "hand.parquet", "--client", "plain", "--max-num-batched-tokens", "4628",
+                   "--max-num-seqs", "128")
+    plain = rows(tmp_path, capsys, "plain.parquet", "--client", "plain")
+    vllm = pl.col("point") == "v1"
+    assert default.filter(vllm).equals(by_hand.filter(vllm))
+    assert not default.filter(vllm)["simulated"].equals(plain.filter(vllm)["simulated"])
+    # SGLang's supported rule is its stock scheduler, which --client plain also gives it.
+    sglang = pl.col("point") == "a1"
+    assert default.filter(sglang).equals(plain.filter(sglang))
+
+
+def test_each_row_reruns_on_its_own_stacks_profile(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    table = rows(tmp_path, capsys, "default.parquet")
+    assert dict(table.select("point", "gpu").unique().iter_rows()) == {"v1": "h100_sxm_vllm",
+                                                                        "a1": "h100_sxm_sglang"}
+
+
+def test_help_says_how_to_rerun_plainly(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = outcome(["compare", "--help"], capsys)
+    assert code == 0 and "--client [supported|plain]" in out and "max batch + isl + 1500" in " ".join(out.split())
+
