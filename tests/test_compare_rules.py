@@ -11,6 +11,8 @@ import pytest
 from test_compare import outcome, write_csv
 from test_compare_formats import AGG
 
+from simulator.sim2real.compare import Scheduler
+
 # A vLLM row whose prompts do not all fit vLLM's default budget of 8,192 tokens in one step
 # (8 x 3,000), so the budget rule shows in its TTFT.
 VLLM = AGG | {"id": "v1", "backend": "vllm", "backend_version": "0.12.0", "isl": "3000",
@@ -49,3 +51,21 @@ def test_help_says_how_to_rerun_plainly(capsys: pytest.CaptureFixture[str]) -> N
     code, out, _ = outcome(["compare", "--help"], capsys)
     assert code == 0 and "--client [supported|plain]" in out and "max batch + isl + 1500" in " ".join(out.split())
 
+
+@pytest.mark.parametrize(("backend", "quant", "kv"), [("trtllm", "fp8", "fp8"), ("trtllm", "", "auto"),
+                                                      ("vllm", "fp8", "auto"), ("sglang", "fp8", "auto")])
+def test_tensorrt_llm_stores_kv_in_fp8_where_its_weights_are(tmp_path: Path, backend: str, quant: str,
+                                                             kv: str) -> None:
+    # TensorRT-LLM's KV dtype `auto` follows the checkpoint: an FP8 checkpoint's KV is fp8. vLLM's and
+    # SGLang's `auto` is the model's dtype.
+    from simulator.sim2real.compare import point_config
+    from simulator.sim2real.measured import read_measured
+    from simulator.sim2real.sweeps import SUPPORTED
+    from simulator.sim2real.units import point_scheduler
+
+    row = AGG | {"backend": backend, "backend_version": "1.0.0rc3", "gemm_quant_mode": quant, "precision": quant}
+    [point] = read_measured(write_csv(tmp_path / "silicon.csv", row)).points
+    assert point.quantization == (quant or None)
+    scheduler = point_scheduler(point, Scheduler(), SUPPORTED[backend])
+    assert point_config(point, "h100_sxm", 0, scheduler).kv_cache_dtype == kv
+    assert point_config(point, "h100_sxm").kv_cache_dtype == kv  # --client plain: the stack's stock server

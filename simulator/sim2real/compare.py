@@ -31,19 +31,22 @@ from workloads import Workload, synthetic_workload
 @dataclass(frozen=True)
 class Scheduler:
     """The measured servers' scheduler settings (default: vLLM serve's on an H100-class GPU) and the
-    client's prompt pool (`num_dataset_entries`, aiperf's; None: every prompt its own)."""
+    client's prompt pool (`num_dataset_entries`, aiperf's; None: every prompt its own);
+    `fp8_kv_with_fp8_weights`: the server stores KV in fp8 where the point's weights are fp8
+    (TensorRT-LLM's default, `simulator.deploy.backends`)."""
 
     max_num_batched_tokens: int = DEFAULTS["max_num_batched_tokens"]
     max_num_seqs: int = DEFAULTS["max_num_seqs"]
     policy: str = "chunked"
     enable_prefix_caching: bool = DEFAULTS["enable_prefix_caching"]
     num_dataset_entries: int | None = None
+    fp8_kv_with_fp8_weights: bool = False
 
     @classmethod
     def of(cls, stack: StackDefaults, num_dataset_entries: int | None = None) -> Scheduler:
         """A stack's scheduler (`simulator.deploy.backends`: its stock one, or a benchmark template's)."""
         return cls(stack.max_num_batched_tokens, stack.max_num_seqs, stack.policy, stack.enable_prefix_caching,
-                   num_dataset_entries)
+                   num_dataset_entries, stack.fp8_kv_with_fp8_weights)
 
 
 DEFAULT_SCHEDULER = Scheduler()
@@ -73,12 +76,13 @@ def point_config(point: MeasuredPoint, gpu: str, seed: int = 0, scheduler: Sched
     vLLM serve's, stands for the stock scheduler of the point's stack: `simulator.deploy.backends`)."""
     if scheduler == DEFAULT_SCHEDULER and point.backend != "vllm":
         scheduler = Scheduler.of(stack_defaults(point.backend))
+    fp8_kv = scheduler.fp8_kv_with_fp8_weights and point.quantization == "fp8"
     return RunConfig(policy=scheduler.policy, model=point.model, gpu=gpu, cost="measured",
                      tensor_parallel_size=point.tensor_parallel_size, quantization=point.quantization,
                      input_len=point.input_lens[0], output_len=point.output_lens[0], seed=seed,
                      max_num_batched_tokens=scheduler.max_num_batched_tokens, max_num_seqs=scheduler.max_num_seqs,
                      enable_prefix_caching=scheduler.enable_prefix_caching, backend=point.backend,
-                     num_dataset_entries=scheduler.num_dataset_entries,
+                     num_dataset_entries=scheduler.num_dataset_entries, kv_cache_dtype="fp8" if fp8_kv else "auto",
                      **deployment_settings(point))
 
 
