@@ -69,3 +69,18 @@ def test_tensorrt_llm_stores_kv_in_fp8_where_its_weights_are(tmp_path: Path, bac
     scheduler = point_scheduler(point, Scheduler(), SUPPORTED[backend])
     assert point_config(point, "h100_sxm", 0, scheduler).kv_cache_dtype == kv
     assert point_config(point, "h100_sxm").kv_cache_dtype == kv  # --client plain: the stack's stock server
+
+
+@pytest.mark.parametrize(("gpu", "backend", "quant", "tp", "fitted"), [
+    ("h100_sxm_vllm", "vllm", "", 2, True), ("h100_sxm_vllm", "vllm", "", 4, False),
+    ("h100_sxm_vllm", "vllm", "fp8", 2, False), ("h100_sxm_trtllm", "trtllm", "fp8", 8, True),
+    ("h100_sxm_trtllm", "trtllm", "fp8", 1, False), ("h200_sxm_vllm", "vllm", "fp8", 2, False)])
+def test_a_row_is_held_out_unless_its_profiles_fit_could_have_used_it(gpu: str, backend: str, quant: str, tp: int,
+                                                                      fitted: bool) -> None:
+    # The shipped H100 stack profiles were fitted on TP 2 and 8 (bf16 vLLM, fp8 TensorRT-LLM); the
+    # H200 profile on nothing.
+    from simulator.sim2real.compare import fitted_by_profile
+
+    row = {"gpu": gpu, "backend": backend, "mode": "agg", "quantization": quant, "tensor_parallel_size": tp}
+    assert fitted_by_profile(row) is fitted
+    assert fitted_by_profile(row | {"mode": "disagg"}) is False

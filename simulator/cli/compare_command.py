@@ -61,6 +61,21 @@ def print_rows(rows: pl.DataFrame) -> None:
                        f"{percent(r['error']):>9}")
 
 
+def print_held_out(table: pl.DataFrame) -> None:
+    """Median |error| per stack on the rows no profile's fit used (held out) and on those one did."""
+    if table.is_empty():
+        return
+    click.echo("\nmedian |error| per stack, rows no fit used (held out) and rows a profile's host fit used "
+               "(its stack, GPU, weights and TP sizes):")
+    click.echo(f"  {'stack':<10}{'':<10}{'rows':>6}{'TTFT':>9}{'TPOT':>9}")
+    for (backend, fitted), part in table.group_by("backend", "fitted", maintain_order=True):
+        cells = {r["statistic"]: r for r in part.iter_rows(named=True)}
+        values = "".join(f"{cells[s]['median_abs_error']:>9.1%}" if s in cells else f"{'-':>9}"
+                         for s in ("ttft_mean", "tpot_mean"))
+        count = max(r["points"] for r in cells.values())
+        click.echo(f"  {backend:<10}{'fitted' if fitted else 'held out':<10}{count:>6}{values}")
+
+
 def print_skips(skipped: list[tuple[str, str]], total: int) -> None:
     """The skipped rows counted by reason, most first."""
     if not skipped:
@@ -149,7 +164,7 @@ def compare_command(results: tuple[Path, ...], gpu: tuple[str, ...], tensor_para
     from simulator.deploy.resolve import ModelResolver
     from simulator.outputs.run_folder import check_output_file, write_parquet
     from simulator.progress import Bar, progress_enabled
-    from simulator.sim2real.compare import ROW_SCHEMA, Scheduler, summary, with_deployment
+    from simulator.sim2real.compare import ROW_SCHEMA, Scheduler, held_out_summary, summary, with_deployment
     from simulator.sim2real.measured import read_measured
     from simulator.sim2real.regret import regret_lines
     from simulator.sim2real.sweeps import SUPPORTED, Hypothesis
@@ -207,6 +222,7 @@ def compare_command(results: tuple[Path, ...], gpu: tuple[str, ...], tensor_para
         click.echo("\nmedian |error|:")
         for r in table.iter_rows(named=True):
             click.echo(f"  {r['group']:<30}{r['statistic']:<22}{r['median_abs_error']:>8.1%}  ({r['points']} points)")
+        print_held_out(held_out_summary(rows))
         click.echo("\n" + "\n".join(regret_lines(rows)))
     print_models(resolver)
     print_notes(notes)

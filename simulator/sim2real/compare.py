@@ -188,3 +188,32 @@ def summary(rows: pl.DataFrame) -> pl.DataFrame:
                                                           pl.col("abs_error").median().alias("median_abs_error"))
     return pl.concat([overall.select("group", "statistic", "points", "median_abs_error"),
                       grouped.select("group", "statistic", "points", "median_abs_error")]).sort("group", "statistic")
+
+
+def fitted_by_profile(row: dict[str, Any]) -> bool:
+    """Whether a compare row is of the rows its profile's host terms were fitted on (`simulate fit`'s
+    `fitted_on`: the stack, GPU, weights and tensor parallel sizes; every model of them counts, so
+    a row is held out only where no fit could have used it)."""
+    profile = load_profile(row["gpu"])
+    fit = profile.meta.get("host_overhead_fit")
+    if not isinstance(fit, dict) or not isinstance(fit.get("fitted_on"), dict) or row["mode"] != "agg":
+        return False
+    on = fit["fitted_on"]
+    sizes = on.get("tensor_parallel_sizes")
+    return (on.get("backend", "vllm") == row["backend"] and on.get("gpu") == profile.gpu.name
+            and on.get("weights") == (row["quantization"] or "bf16")
+            and (sizes == "all" or row["tensor_parallel_size"] in (sizes or ())))
+
+
+def held_out_summary(rows: pl.DataFrame) -> pl.DataFrame:
+    """Median |error| per stack, statistic and whether the profile's fit used the row (`fitted_by_profile`)."""
+    flags = {key: fitted_by_profile(dict(zip(("gpu", "backend", "mode", "quantization", "tensor_parallel_size"), key,
+                                             strict=True)))
+             for key in rows.select("gpu", "backend", "mode", "quantization", "tensor_parallel_size").unique().rows()}
+    marked = rows.filter(pl.col("error").is_not_nan()).with_columns(
+        fitted=pl.struct("gpu", "backend", "mode", "quantization", "tensor_parallel_size").map_elements(
+            lambda r: flags[(r["gpu"], r["backend"], r["mode"], r["quantization"], r["tensor_parallel_size"])],
+            return_dtype=pl.Boolean))
+    return (marked.group_by("backend", "fitted", "statistic")
+            .agg(pl.len().alias("points"), pl.col("error").abs().median().alias("median_abs_error"))
+            .sort("backend", "fitted", "statistic"))
