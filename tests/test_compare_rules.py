@@ -84,3 +84,18 @@ def test_a_row_is_held_out_unless_its_profiles_fit_could_have_used_it(gpu: str, 
     row = {"gpu": gpu, "backend": backend, "mode": "agg", "quantization": quant, "tensor_parallel_size": tp}
     assert fitted_by_profile(row) is fitted
     assert fitted_by_profile(row | {"mode": "disagg"}) is False
+
+
+def test_held_out_and_fitted_rows_are_summarised_apart() -> None:
+    # Two TP 2 rows (the shipped h100_sxm_vllm fit's sizes) and one TP 4 row, by hand.
+    import polars as pl
+
+    from simulator.sim2real.compare import held_out_summary
+
+    rows = pl.DataFrame([{"gpu": "h100_sxm_vllm", "backend": "vllm", "mode": "agg", "quantization": "",
+                          "tensor_parallel_size": tp, "group": "g", "statistic": "ttft_mean", "error": error}
+                         for tp, error in ((2, 0.1), (2, -0.3), (4, -0.4))])
+    table = {(r["group"], r["fitted"]): (r["points"], r["median_abs_error"])
+             for r in held_out_summary(rows).iter_rows(named=True)}
+    assert table == {("all", True): (2, pytest.approx(0.2)), ("all", False): (1, pytest.approx(0.4)),
+                     ("g", True): (2, pytest.approx(0.2)), ("g", False): (1, pytest.approx(0.4))}

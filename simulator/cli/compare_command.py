@@ -62,18 +62,19 @@ def print_rows(rows: pl.DataFrame) -> None:
 
 
 def print_held_out(table: pl.DataFrame) -> None:
-    """Median |error| per stack on the rows no profile's fit used (held out) and on those one did."""
+    """Median |error| per stack and per group, on the rows no profile's fit used (held out) and on
+    those one did."""
     if table.is_empty():
         return
-    click.echo("\nmedian |error| per stack, rows no fit used (held out) and rows a profile's host fit used "
-               "(its stack, GPU, weights and TP sizes):")
-    click.echo(f"  {'stack':<10}{'':<10}{'rows':>6}{'TTFT':>9}{'TPOT':>9}")
-    for (backend, fitted), part in table.group_by("backend", "fitted", maintain_order=True):
+    click.echo("\nmedian |error| per stack and group, rows no fit used (held out) and rows a profile's host fit "
+               "used (its stack, GPU, weights and TP sizes):")
+    click.echo(f"  {'stack':<8}{'group':<30}{'':<10}{'rows':>6}{'TTFT':>9}{'TPOT':>9}")
+    for (backend, group, fitted), part in table.group_by("backend", "group", "fitted", maintain_order=True):
         cells = {r["statistic"]: r for r in part.iter_rows(named=True)}
         values = "".join(f"{cells[s]['median_abs_error']:>9.1%}" if s in cells else f"{'-':>9}"
                          for s in ("ttft_mean", "tpot_mean"))
         count = max(r["points"] for r in cells.values())
-        click.echo(f"  {backend:<10}{'fitted' if fitted else 'held out':<10}{count:>6}{values}")
+        click.echo(f"  {backend:<8}{group:<30}{'fitted' if fitted else 'held out':<10}{count:>6}{values}")
 
 
 def print_skips(skipped: list[tuple[str, str]], total: int) -> None:

@@ -206,14 +206,14 @@ def fitted_by_profile(row: dict[str, Any]) -> bool:
 
 
 def held_out_summary(rows: pl.DataFrame) -> pl.DataFrame:
-    """Median |error| per stack, statistic and whether the profile's fit used the row (`fitted_by_profile`)."""
-    flags = {key: fitted_by_profile(dict(zip(("gpu", "backend", "mode", "quantization", "tensor_parallel_size"), key,
-                                             strict=True)))
-             for key in rows.select("gpu", "backend", "mode", "quantization", "tensor_parallel_size").unique().rows()}
+    """Median |error| per stack (group `all`) and per group of it, statistic and whether the profile's
+    fit used the row (`fitted_by_profile`)."""
+    keys = ("gpu", "backend", "mode", "quantization", "tensor_parallel_size")
+    flags = {key: fitted_by_profile(dict(zip(keys, key, strict=True))) for key in rows.select(*keys).unique().rows()}
     marked = rows.filter(pl.col("error").is_not_nan()).with_columns(
-        fitted=pl.struct("gpu", "backend", "mode", "quantization", "tensor_parallel_size").map_elements(
-            lambda r: flags[(r["gpu"], r["backend"], r["mode"], r["quantization"], r["tensor_parallel_size"])],
-            return_dtype=pl.Boolean))
-    return (marked.group_by("backend", "fitted", "statistic")
-            .agg(pl.len().alias("points"), pl.col("error").abs().median().alias("median_abs_error"))
-            .sort("backend", "fitted", "statistic"))
+        fitted=pl.struct(*keys).map_elements(lambda r: flags[tuple(r[k] for k in keys)], return_dtype=pl.Boolean))
+    parts = [marked.with_columns(group=pl.lit("all")), marked]
+    return (pl.concat([part.group_by("backend", "group", "fitted", "statistic")
+                       .agg(pl.len().alias("points"), pl.col("error").abs().median().alias("median_abs_error"))
+                       for part in parts])
+            .sort("backend", pl.col("group") != "all", "group", "fitted", "statistic"))
