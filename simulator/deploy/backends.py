@@ -108,9 +108,13 @@ STACK_SETTINGS = ("policy", "max_num_batched_tokens", "max_num_seqs", "enable_pr
 
 
 def stack_settings(settings: dict[str, object], given: set[str], shipped: list[str]) -> dict[str, object]:
-    """What `--backend` sets (it was given): its profile for a shipped base `--gpu`, and its stock
-    scheduler for each of `STACK_SETTINGS` the user did not give."""
+    """What `--backend` sets (it was given): its profile for a shipped base `--gpu`, its stock
+    scheduler for each of `STACK_SETTINGS` the user did not give, and, for a stack whose KV follows
+    fp8 weights (TensorRT-LLM), an fp8 KV cache under `--quantization fp8` unless `--kv-cache-dtype`
+    was given."""
     backend = str(settings["backend"])
     stock = stack_defaults(backend)
     chosen: dict[str, object] = {"gpu": stack_profile(str(settings["gpu"]), backend, shipped)}
+    if stock.fp8_kv_with_fp8_weights and settings.get("quantization") == "fp8" and "kv_cache_dtype" not in given:
+        chosen["kv_cache_dtype"] = "fp8"
     return chosen | {name: getattr(stock, name) for name in STACK_SETTINGS if name not in given}
