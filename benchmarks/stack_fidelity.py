@@ -1,8 +1,8 @@
 """Per-stack fidelity on aiconfigurator's measured rows, and which hypothesis about how they were
 measured the data supports.
 
-Reruns the aggregated rows of the models servesim has built in (`calibration.upstream_rows`: Qwen3-32B
-on H100 under vLLM, SGLang and TensorRT-LLM; Llama-3.1-8B fp8 on H200 under vLLM) on each stack's
+Reruns the aggregated rows of the dense models of the table (`simulator.sim2real.measured`, `STUDIED`:
+Qwen3-32B on H100 under vLLM, SGLang and TensorRT-LLM; Llama-3.1-8B fp8 on H200 under vLLM) on each stack's
 profile, under each hypothesis (`VARIANTS`: the server's scheduler, the client's prompt pool, the
 sweep order, the request counts), and prints the median |error| of mean TTFT and mean TPOT per stack,
 on the rows a fit may use (TP 2 and 8) and on those held out (TP 1 and 4, and every Llama-3.1-8B
@@ -24,14 +24,15 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from calibration.upstream_rows import read_upstream
 from simulator.sim2real.compare import default_profile
-from simulator.sim2real.measured import MeasuredPoint
+from simulator.sim2real.measured import MeasuredPoint, read_measured
 from simulator.sim2real.sweeps import SUPPORTED, Hypothesis, Unit, sweep_units
 
 SERVING = Path(__file__).resolve().parents[2] / "shared" / "reference" / "serving"
 UPSTREAM = SERVING / "aiconfigurator_silicon_h100_h200.csv"
 FITTED_TP = (2, 8)
+STUDIED = ("qwen3-32b", "llama-3.1-8b")
+"""The models of the rows this page studies (the aggregated rows of the dense models of the table)."""
 AIPERF_ENTRIES = 100
 """aiperf's default `--num-dataset-entries`."""
 
@@ -58,6 +59,11 @@ VARIANTS = {
     "supported-2x20": Variant(Hypothesis("per-stack"), 2, 20),
 }
 """`supported`: each stack under the hypothesis its fitted rows support (`sweeps.SUPPORTED`)."""
+
+
+def studied_rows(path: Path) -> list[MeasuredPoint]:
+    """The aggregated rows of `STUDIED` models in the silicon table `path`."""
+    return [p for p in read_measured(path).points if p.mode == "agg" and p.model in STUDIED]
 
 
 def held_out(point: MeasuredPoint) -> bool:
@@ -104,7 +110,7 @@ def main() -> None:
     parser.add_argument("--profile-suffix", default="", help="rerun on <gpu>_<stack><suffix> (e.g. a fitted copy)")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
-    points = read_upstream(UPSTREAM)
+    points = studied_rows(UPSTREAM)
     rows = fidelity(points, args.variants.split(","), args.profile_suffix, min(2, os.cpu_count() or 1))
     if args.out is not None:
         rows.write_parquet(args.out)

@@ -204,13 +204,16 @@ def median_errors(residuals: pl.DataFrame) -> dict[str, dict[str, float]]:
                                       "stack's own, or aiconfigurator's benchmark templates (max batch + isl + 1500).")
 @click.option("--num-dataset-entries", type=click.IntRange(1), default=None,
               help="The client's prompt pool the reruns assume (aiperf's default 100) [default: none].")
+@click.option("--model", "models", multiple=True,
+              help="Fit on the rows of this model only (servesim's name, e.g. qwen3-32b; repeat for several) "
+                   "[default: every model].")
 @click.option("--sweep/--no-sweep", default=False, show_default=True,
               help="Rerun a server's concurrency levels back to back, its prefix cache kept.")
 def fit_command(results: tuple[Path, ...], gpu: str, out: Path, fit_tp: tuple[int, ...], quantization: str,
-                backend: str, scheduler: str, num_dataset_entries: int | None, sweep: bool) -> None:
+                backend: str, scheduler: str, num_dataset_entries: int | None, models: tuple[str, ...],
+                sweep: bool) -> None:
     """Fit a profile's host overhead to measured results by least squares and write the profile.
     With held-out points, a term that leaves a held-out group worse than the kernels alone is dropped."""
-    from calibration.upstream_rows import is_upstream, read_upstream
     from simulator.deploy.hardware import load_gpu, profile_dir
     from simulator.outputs.run_folder import check_writable
     from simulator.sim2real.measured import read_points
@@ -223,9 +226,10 @@ def fit_command(results: tuple[Path, ...], gpu: str, out: Path, fit_tp: tuple[in
         raise InputError(f"--out {str(out)!r} already exists and is not an empty folder")
     wanted = None if quantization == "none" else quantization
     # A vLLM result does not record its GPU: it is taken as measured on --gpu's, at TP 1.
-    points = [replace(p, gpu=p.gpu or name) for path in results
-              for p in (read_upstream(path) if is_upstream(path) else read_points(path))]
-    points = [p for p in points if p.gpu == name and p.quantization == wanted and p.backend == backend]
+    points = [replace(p, gpu=p.gpu or name) for path in results for p in read_points(path)]
+    # One server's host terms: aggregated rows only (a disaggregated row's GPUs are two pools').
+    points = [p for p in points if p.gpu == name and p.quantization == wanted and p.backend == backend
+              and p.mode == "agg" and (not models or p.model in models)]
     if not points:
         raise InputError(f"no point of {', '.join(str(r) for r in results)} was measured on {name} with "
                          f"--quantization {quantization} and --backend {backend}")

@@ -157,6 +157,16 @@ def test_backend_picks_its_profile_and_leaves_given_flags_alone() -> None:
     assert stack_settings(settings | {"gpu": "/some/folder"}, {"backend"}, shipped)["gpu"] == "/some/folder"
 
 
+def test_tensorrt_llm_under_fp8_weights_takes_an_fp8_kv_cache_unless_told() -> None:
+    # Its KV dtype `auto` follows the FP8 checkpoint; vLLM's is the model's dtype.
+    shipped = available_gpus()
+    settings = {"backend": "trtllm", "gpu": "h100_sxm", "quantization": "fp8", "kv_cache_dtype": "auto"}
+    assert stack_settings(settings, {"backend", "quantization"}, shipped)["kv_cache_dtype"] == "fp8"
+    assert "kv_cache_dtype" not in stack_settings(settings, {"backend", "quantization", "kv_cache_dtype"}, shipped)
+    assert "kv_cache_dtype" not in stack_settings(settings | {"quantization": None}, {"backend"}, shipped)
+    assert "kv_cache_dtype" not in stack_settings(settings | {"backend": "vllm"}, {"backend"}, shipped)
+
+
 def test_prefill_first_runs_prefill_chunks_alone_while_decoders_wait() -> None:
     # Budget 8. A (2 prompt, 6 out) at 0; B (20, 2) at 0.5. B's prompt runs in chunks 8, 8, 4 in steps
     # of its own (A stalls), then A and B decode together.

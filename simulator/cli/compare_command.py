@@ -61,6 +61,22 @@ def print_rows(rows: pl.DataFrame) -> None:
                        f"{percent(r['error']):>9}")
 
 
+def print_held_out(table: pl.DataFrame) -> None:
+    """Median |error| per stack and per group, on the rows no profile's fit used (held out) and on
+    those one did."""
+    if table.is_empty():
+        return
+    click.echo("\nmedian |error| per stack and group, rows no fit used (held out) and rows a profile's host fit "
+               "used (its stack, GPU, weights and TP sizes):")
+    click.echo(f"  {'stack':<8}{'group':<30}{'':<10}{'rows':>6}{'TTFT':>9}{'TPOT':>9}")
+    for (backend, group, fitted), part in table.group_by("backend", "group", "fitted", maintain_order=True):
+        cells = {r["statistic"]: r for r in part.iter_rows(named=True)}
+        values = "".join(f"{cells[s]['median_abs_error']:>9.1%}" if s in cells else f"{'-':>9}"
+                         for s in ("ttft_mean", "tpot_mean"))
+        count = max(r["points"] for r in cells.values())
+        click.echo(f"  {backend:<8}{group:<30}{'fitted' if fitted else 'held out':<10}{count:>6}{values}")
+
+
 def print_skips(skipped: list[tuple[str, str]], total: int) -> None:
     """The skipped rows counted by reason, most first."""
     if not skipped:
@@ -97,6 +113,16 @@ def print_notes(notes: dict[str, int]) -> None:
 
 NOTES_SHOWN = 5
 MAX_JOBS = 1024
+CLIENTS = ("supported", "plain")
+
+
+def is_silicon(path: Path) -> bool:
+    """Whether `path` is read as aiconfigurator's silicon table (a CSV that is not an aiperf export,
+    `simulator.sim2real.measured.read_measured`): the rows the supported rerun rules are of."""
+    if path.suffix.lower() != ".csv":
+        return False
+    with path.open(encoding="utf-8", errors="replace") as file:
+        return file.readline().lstrip("\ufeff").split(",", 1)[0].strip() != "Metric"
 
 
 @click.command("compare")
@@ -114,6 +140,12 @@ MAX_JOBS = 1024
 @setting("max_num_batched_tokens", type=int, help="The servers' token budget per step (vLLM's default on an "
                                                   "H100-class GPU).")
 @setting("max_num_seqs", type=int, help="The servers' most sequences per step (vLLM's default there).")
+@click.option("--client", type=click.Choice(CLIENTS), default="supported", show_default=True,
+              help="How a silicon CSV's rows are rerun: `supported`, as the data supports they ran, per stack "
+                   "(vLLM with aiconfigurator's token budget max batch + isl + 1500, SGLang and TensorRT-LLM "
+                   "with their stock schedulers; docs/validation/stack-fidelity.md), or `plain`, on the stack's "
+                   "stock scheduler as --max-num-batched-tokens and --max-num-seqs give it (which apply to a "
+                   "silicon row only under plain, and to a vLLM or aiperf result always).")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of arrivals and client times.")
 @click.option("--strict", is_flag=True, help="A row servesim cannot express is an error, not a skip.")
 @click.option("--jobs", type=SettingType("jobs", Range(int, 1, MAX_JOBS, "workers")), default=None,
@@ -123,7 +155,8 @@ MAX_JOBS = 1024
               help="Write the rows (one per point and statistic) as Parquet here [default: none].")
 def compare_command(results: tuple[Path, ...], gpu: tuple[str, ...], tensor_parallel_size: int,
                     quantization: str | None, kv_cache_dtype: str, model: str | None, models_dir: Path | None,
-                    max_num_batched_tokens: int, max_num_seqs: int, seed: int, strict: bool, jobs: int | None,
+                    max_num_batched_tokens: int, max_num_seqs: int, client: str, seed: int, strict: bool,
+                    jobs: int | None,
                     quiet: bool, out: Path | None) -> None:
     """Rerun measured results (silicon CSV, vLLM bench serve JSON, aiperf export) and print measured against
     simulated; rows servesim cannot express are skipped and counted by reason."""
@@ -132,9 +165,10 @@ def compare_command(results: tuple[Path, ...], gpu: tuple[str, ...], tensor_para
     from simulator.deploy.resolve import ModelResolver
     from simulator.outputs.run_folder import check_output_file, write_parquet
     from simulator.progress import Bar, progress_enabled
-    from simulator.sim2real.compare import ROW_SCHEMA, Scheduler, summary, with_deployment
+    from simulator.sim2real.compare import ROW_SCHEMA, Scheduler, held_out_summary, summary, with_deployment
     from simulator.sim2real.measured import read_measured
     from simulator.sim2real.regret import regret_lines
+    from simulator.sim2real.sweeps import SUPPORTED, Hypothesis
     from simulator.sim2real.units import run_units, units_of
 
     if kv_cache_dtype != "auto":
@@ -150,8 +184,11 @@ def compare_command(results: tuple[Path, ...], gpu: tuple[str, ...], tensor_para
         check_output_file(out, "--out")
     resolver = ModelResolver(models_dir)
     points, skipped, total = [], [], 0
+    rules: list[Hypothesis | None] = []
     for path in results:
         reading = read_measured(path, model, resolver, strict)
+        silicon = client == "supported" and is_silicon(path)
+        rules += [SUPPORTED.get(p.backend) if silicon else None for p in reading.points]
         total += len(reading.points) + len(reading.skipped)
         skipped += reading.skipped
         for point in reading.points:
@@ -160,14 +197,15 @@ def compare_command(results: tuple[Path, ...], gpu: tuple[str, ...], tensor_para
                     raise InputError(f"{path.name} does not record its GPU (a vLLM or aiperf result): give --gpu")
                 point = with_deployment(point, gpu[0], tensor_parallel_size, quantization)
             points.append(point)
-    units = units_of(points)
+    units = units_of(points)  # one point each, so rules[i] is unit i's
     results_by_unit: dict[int, list[dict[str, object]]] = {}
     notes: dict[str, int] = {}
     bar = Bar(len(units), desc="compare", unit="point", enabled=progress_enabled(quiet))
     try:
-        for done, result in enumerate(run_units(units, profile_for(gpu), seed, Scheduler(max_num_batched_tokens,
-                                                                                        max_num_seqs),
-                                                jobs if jobs is not None else len(os.sched_getaffinity(0))), 1):
+        for done, result in enumerate(run_units(units, profile_for(gpu), seed,
+                                                Scheduler(max_num_batched_tokens, max_num_seqs),
+                                                jobs if jobs is not None else len(os.sched_getaffinity(0)),
+                                                rules), 1):
             bar.advance(done)
             if result.skipped and strict:
                 raise InputError(f"{result.skipped[0][0]}: cannot be rerun (--strict): {result.skipped[0][1]}")
@@ -185,6 +223,7 @@ def compare_command(results: tuple[Path, ...], gpu: tuple[str, ...], tensor_para
         click.echo("\nmedian |error|:")
         for r in table.iter_rows(named=True):
             click.echo(f"  {r['group']:<30}{r['statistic']:<22}{r['median_abs_error']:>8.1%}  ({r['points']} points)")
+        print_held_out(held_out_summary(rows))
         click.echo("\n" + "\n".join(regret_lines(rows)))
     print_models(resolver)
     print_notes(notes)
@@ -195,5 +234,6 @@ def compare_command(results: tuple[Path, ...], gpu: tuple[str, ...], tensor_para
     if out is not None:
         write_parquet(rows, out, {"results": [str(p) for p in results], "gpu": list(gpu), "seed": seed,
                                   "max_num_batched_tokens": max_num_batched_tokens, "max_num_seqs": max_num_seqs,
+                                  "client": client,
                                   "skipped": [f"{where}: {reason}" for where, reason in skipped]})
         click.echo(f"wrote {out}")

@@ -24,6 +24,10 @@ default is and where its source says so:
   scheduler's `GUARANTEED_NO_EVICT` admits a request only when its whole KV (prompt + max output)
   is free and never preempts, which servesim's inflight policy does not model (it admits on the
   prompt's blocks): where KV is short, TRT-LLM queues requests that servesim would start.
+  Its KV cache dtype `auto` follows the checkpoint's metadata (`KvCacheConfig.dtype`: "Use 'auto'
+  to follow checkpoint metadata"), and an FP8 checkpoint (ModelOpt, `kv_cache_quant_algo` FP8, as
+  NVIDIA's FP8 checkpoints ship) stores KV in fp8: one byte per element, twice the tokens in the
+  same memory and half the bytes a decode step reads.
 
 aiconfigurator's benchmark templates set these differently (ai-dynamo/aiconfigurator 095f58a,
 src/aiconfigurator/generator/rule_plugin/benchmark/{vllm,sglang,trtllm}.rule): max batch 128, vLLM's
@@ -58,12 +62,15 @@ class StackDefaults:
     max_batch_size)."""
     enable_prefix_caching: bool
     """vLLM's prefix caching, SGLang's radix cache, TRT-LLM's KV block reuse."""
+    fp8_kv_with_fp8_weights: bool = False
+    """The KV cache is fp8 where the weights are (TRT-LLM: its `auto` KV dtype follows an FP8
+    checkpoint's); else it is the model's dtype unless the user says otherwise."""
 
 
 DEFAULTS = {
     "vllm": StackDefaults("vllm", "0.19.0", "chunked", 8192, 1024, True),
     "sglang": StackDefaults("sglang", "0.5.14", "prefill-first", 8192, 1024, True),
-    "trtllm": StackDefaults("trtllm", "1.3.0rc20", "inflight", 8192, 2048, True),
+    "trtllm": StackDefaults("trtllm", "1.3.0rc20", "inflight", 8192, 2048, True, True),
 }
 BENCH_MAX_BATCH = 128
 """aiconfigurator's benchmark templates' max batch size where none is given."""
@@ -90,7 +97,8 @@ def bench_scheduler(backend: str, input_len: int, max_batch: int = BENCH_MAX_BAT
     budget = max_batch + input_len + 1500
     if backend == "trtllm":
         budget = -(-budget // TRTLLM_TOKENS_PER_BLOCK) * TRTLLM_TOKENS_PER_BLOCK
-        return StackDefaults(backend, stock.version, stock.policy, budget, max_batch, False)
+        return StackDefaults(backend, stock.version, stock.policy, budget, max_batch, False,
+                             stock.fp8_kv_with_fp8_weights)
     if backend == "sglang":  # enable_mixed_chunk true: chunked prefill mixed with decodes, as vLLM's
         return StackDefaults(backend, stock.version, "chunked", budget, max_batch, True)
     return StackDefaults(backend, stock.version, stock.policy, budget, max_batch, True)
@@ -100,9 +108,13 @@ STACK_SETTINGS = ("policy", "max_num_batched_tokens", "max_num_seqs", "enable_pr
 
 
 def stack_settings(settings: dict[str, object], given: set[str], shipped: list[str]) -> dict[str, object]:
-    """What `--backend` sets (it was given): its profile for a shipped base `--gpu`, and its stock
-    scheduler for each of `STACK_SETTINGS` the user did not give."""
+    """What `--backend` sets (it was given): its profile for a shipped base `--gpu`, its stock
+    scheduler for each of `STACK_SETTINGS` the user did not give, and, for a stack whose KV follows
+    fp8 weights (TensorRT-LLM), an fp8 KV cache under `--quantization fp8` unless `--kv-cache-dtype`
+    was given."""
     backend = str(settings["backend"])
     stock = stack_defaults(backend)
     chosen: dict[str, object] = {"gpu": stack_profile(str(settings["gpu"]), backend, shipped)}
+    if stock.fp8_kv_with_fp8_weights and settings.get("quantization") == "fp8" and "kv_cache_dtype" not in given:
+        chosen["kv_cache_dtype"] = "fp8"
     return chosen | {name: getattr(stock, name) for name in STACK_SETTINGS if name not in given}

@@ -31,19 +31,22 @@ from workloads import Workload, synthetic_workload
 @dataclass(frozen=True)
 class Scheduler:
     """The measured servers' scheduler settings (default: vLLM serve's on an H100-class GPU) and the
-    client's prompt pool (`num_dataset_entries`, aiperf's; None: every prompt its own)."""
+    client's prompt pool (`num_dataset_entries`, aiperf's; None: every prompt its own);
+    `fp8_kv_with_fp8_weights`: the server stores KV in fp8 where the point's weights are fp8
+    (TensorRT-LLM's default, `simulator.deploy.backends`)."""
 
     max_num_batched_tokens: int = DEFAULTS["max_num_batched_tokens"]
     max_num_seqs: int = DEFAULTS["max_num_seqs"]
     policy: str = "chunked"
     enable_prefix_caching: bool = DEFAULTS["enable_prefix_caching"]
     num_dataset_entries: int | None = None
+    fp8_kv_with_fp8_weights: bool = False
 
     @classmethod
     def of(cls, stack: StackDefaults, num_dataset_entries: int | None = None) -> Scheduler:
         """A stack's scheduler (`simulator.deploy.backends`: its stock one, or a benchmark template's)."""
         return cls(stack.max_num_batched_tokens, stack.max_num_seqs, stack.policy, stack.enable_prefix_caching,
-                   num_dataset_entries)
+                   num_dataset_entries, stack.fp8_kv_with_fp8_weights)
 
 
 DEFAULT_SCHEDULER = Scheduler()
@@ -73,12 +76,13 @@ def point_config(point: MeasuredPoint, gpu: str, seed: int = 0, scheduler: Sched
     vLLM serve's, stands for the stock scheduler of the point's stack: `simulator.deploy.backends`)."""
     if scheduler == DEFAULT_SCHEDULER and point.backend != "vllm":
         scheduler = Scheduler.of(stack_defaults(point.backend))
+    fp8_kv = scheduler.fp8_kv_with_fp8_weights and point.quantization == "fp8"
     return RunConfig(policy=scheduler.policy, model=point.model, gpu=gpu, cost="measured",
                      tensor_parallel_size=point.tensor_parallel_size, quantization=point.quantization,
                      input_len=point.input_lens[0], output_len=point.output_lens[0], seed=seed,
                      max_num_batched_tokens=scheduler.max_num_batched_tokens, max_num_seqs=scheduler.max_num_seqs,
                      enable_prefix_caching=scheduler.enable_prefix_caching, backend=point.backend,
-                     num_dataset_entries=scheduler.num_dataset_entries,
+                     num_dataset_entries=scheduler.num_dataset_entries, kv_cache_dtype="fp8" if fp8_kv else "auto",
                      **deployment_settings(point))
 
 
@@ -189,3 +193,32 @@ def summary(rows: pl.DataFrame) -> pl.DataFrame:
                                                           pl.col("abs_error").median().alias("median_abs_error"))
     return pl.concat([overall.select("group", "statistic", "points", "median_abs_error"),
                       grouped.select("group", "statistic", "points", "median_abs_error")]).sort("group", "statistic")
+
+
+def fitted_by_profile(row: dict[str, Any]) -> bool:
+    """Whether a compare row is of the rows its profile's host terms were fitted on (`simulate fit`'s
+    `fitted_on`: the stack, GPU, weights and tensor parallel sizes; every model of them counts, so
+    a row is held out only where no fit could have used it)."""
+    profile = load_profile(row["gpu"])
+    fit = profile.meta.get("host_overhead_fit")
+    if not isinstance(fit, dict) or not isinstance(fit.get("fitted_on"), dict) or row["mode"] != "agg":
+        return False
+    on = fit["fitted_on"]
+    sizes = on.get("tensor_parallel_sizes")
+    return (on.get("backend", "vllm") == row["backend"] and on.get("gpu") == profile.gpu.name
+            and on.get("weights") == (row["quantization"] or "bf16")
+            and (sizes == "all" or row["tensor_parallel_size"] in (sizes or ())))
+
+
+def held_out_summary(rows: pl.DataFrame) -> pl.DataFrame:
+    """Median |error| per stack (group `all`) and per group of it, statistic and whether the profile's
+    fit used the row (`fitted_by_profile`)."""
+    keys = ("gpu", "backend", "mode", "quantization", "tensor_parallel_size")
+    flags = {key: fitted_by_profile(dict(zip(keys, key, strict=True))) for key in rows.select(*keys).unique().rows()}
+    marked = rows.filter(pl.col("error").is_not_nan()).with_columns(
+        fitted=pl.struct(*keys).map_elements(lambda r: flags[tuple(r[k] for k in keys)], return_dtype=pl.Boolean))
+    parts = [marked.with_columns(group=pl.lit("all")), marked]
+    return (pl.concat([part.group_by("backend", "group", "fitted", "statistic")
+                       .agg(pl.len().alias("points"), pl.col("error").abs().median().alias("median_abs_error"))
+                       for part in parts])
+            .sort("backend", pl.col("group") != "all", "group", "fitted", "statistic"))
