@@ -61,8 +61,9 @@ def published_margin(gpus: list[str]) -> tuple[float, str]:
 
 def describe(row: dict[str, Any]) -> str:
     if row["kind"] == "disaggregated":
-        return (f"{row['prefill_replicas']}xTP{row['prefill_tensor_parallel_size']} prefill + "
-                f"{row['decode_replicas']}xTP{row['decode_tensor_parallel_size']} decode")
+        on = {role: f" on {row[f'{role}_gpu']}" if row.get(f"{role}_gpu") else "" for role in ("prefill", "decode")}
+        return (f"{row['prefill_replicas']}xTP{row['prefill_tensor_parallel_size']} prefill{on['prefill']} + "
+                f"{row['decode_replicas']}xTP{row['decode_tensor_parallel_size']} decode{on['decode']}")
     fleet = f"{row['num_replicas']}x" if row["num_replicas"] > 1 else ""
     router = f" {row['router']}" if row["num_replicas"] > 1 else ""
     return f"{fleet}TP{row['tensor_parallel_size']}{router}"

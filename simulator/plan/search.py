@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from simulator.config import DEFAULTS
 from simulator.errors import InputError
 from simulator.plan.capacity import (
     PRECISION,
@@ -79,6 +80,11 @@ class PlanSpec:
             raise InputError(f"--seeds must be an integer in [1, 100], got {self.seeds}")
 
     @property
+    def gpus(self) -> list[str]:
+        """The GPU types searched (--gpu, one or several)."""
+        return [str(gpu) for gpu in self.axes.get("gpu") or [self.fixed.get("gpu", DEFAULTS["gpu"])]]
+
+    @property
     def fleet_axes(self) -> dict[str, list[Any]]:
         """The fleet settings given, one value or several, as lists."""
         fixed = {name: [value] for name, value in self.fixed.items() if name in FLEET_SETTINGS}
@@ -86,8 +92,10 @@ class PlanSpec:
 
     def price(self, deployment: Deployment) -> float | None:
         """USD per hour of `deployment`, None where its GPU has no price."""
-        hourly = self.hourly_cost.get(deployment.settings["gpu"])
-        return None if hourly is None else hourly * deployment.gpus
+        pools = deployment.pool_gpus()
+        if any(gpu not in self.hourly_cost for gpu, _ in pools):
+            return None
+        return sum(self.hourly_cost[gpu] * count for gpu, count in pools)
 
     def value(self, deployment: Deployment, rate: float) -> float:
         """What the plan maximises: req/s per dollar-hour where every GPU has a price, else per GPU."""
@@ -321,7 +329,7 @@ def fleet_tasks(singles: list[Outcome], spec: PlanSpec) -> list[tuple[Deployment
                                             spec.target_rate is not None):
                     tasks.append((fleet, c1 * fleet.settings["num_replicas"]))
             if settings["tensor_parallel_size"] == 1 and settings["policy"] != "static" and "num_replicas" not in axes:
-                for fleet in pool_fleets(settings, axes, spec.max_gpus, spec.target_rate is not None):
+                for fleet in pool_fleets(settings, axes, spec.max_gpus, spec.target_rate is not None, spec.gpus):
                     if fleet.key not in pools_done:
                         pools_done.add(fleet.key)
                         tasks.append((fleet, c1 * fleet.gpus * 0.8))
