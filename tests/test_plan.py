@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import shlex
+import sys
 from pathlib import Path
 
 import polars as pl
@@ -235,3 +236,24 @@ def test_pools_are_searched_on_every_gpu_type_given(tmp_path: Path, capsys: pyte
     assert "--decode-gpu h200_sxm" in mixed["simulate_args"]
     assert mixed["p90_tpot_ms"] < same["p90_tpot_ms"]
     assert "decode on h200_sxm" in stdout
+
+
+def test_executor_ray_is_refused_in_one_line_without_ray(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` raises ImportError, as where it is not installed
+    code, _, err = simulate_cli(["plan", *SMALL, "--executor", "ray", "--out", str(tmp_path / "p")], capsys)
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert "--executor ray needs Ray, which is not installed" in err and "Traceback" not in err
+    code, _, err = simulate_cli(["plan", *SMALL, "--address", "auto", "--out", str(tmp_path / "q")], capsys)
+    assert code == 2 and "--address 'auto' is a Ray cluster's: it needs --executor ray" in err
+
+
+def test_a_plan_on_ray_finds_what_it_finds_locally(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Exhaustive, so that no skip depends on which deployments finished first."""
+    pytest.importorskip("ray")
+    args = ["--policy", "chunked", "--max-num-batched-tokens", "512", "--router", "round-robin", "--exhaustive"]
+    local, _ = plan_rows(tmp_path / "local", capsys, *args)
+    on_ray, _ = plan_rows(tmp_path / "ray", capsys, *args, "--executor", "ray")
+    columns = ["deployment", "max_rate", "max_rate_high", "how", "simulate_args"]
+    assert on_ray.select(columns).sort("deployment").equals(local.select(columns).sort("deployment"))
+    assert local["how"].str.contains("simulated").any()
