@@ -14,6 +14,7 @@ from typing import Any
 
 from policies import POLICIES, build_policy
 from simulator.deploy.backends import BACKENDS
+from simulator.deploy.hardware import profile_dir
 from simulator.deploy.model import KV_CACHE_DTYPES, QUANTIZATIONS
 from simulator.errors import InputError
 from simulator.fleet.routers import ROUTERS
@@ -99,6 +100,9 @@ class RunConfig:
     prefill_tensor_parallel_size: int | None = None
     """GPUs of each prefill server (None: --tensor-parallel-size)."""
     decode_tensor_parallel_size: int | None = None
+    prefill_gpu: str | None = None
+    """GPU profile of each prefill server, its memory and step times its own (None: --gpu)."""
+    decode_gpu: str | None = None
     kv_transfer_bandwidth: float | None = None
     """GB/s of the link a prefilled request's KV crosses, per GPU (None: the GPU profile's NVLink)."""
     kv_transfer_latency: float | None = None
@@ -258,8 +262,8 @@ def parse_goodput(specs: tuple[str, ...]) -> tuple[tuple[str, float], ...]:
 
 # The fleet's settings checked together: colocated replicas or prefill/decode pools, not both, and
 # each pool setting only where it applies.
-POOL_SETTINGS = ("prefill_tensor_parallel_size", "decode_tensor_parallel_size", "kv_transfer_bandwidth",
-                 "kv_transfer_latency")
+POOL_SETTINGS = ("prefill_tensor_parallel_size", "decode_tensor_parallel_size", "prefill_gpu", "decode_gpu",
+                 "kv_transfer_bandwidth", "kv_transfer_latency")
 """Settings that apply only to prefill/decode pools."""
 
 
@@ -290,3 +294,9 @@ def check_fleet(config: RunConfig) -> None:
     if config.num_replicas != 1:
         raise InputError(f"--num-replicas {config.num_replicas} is for colocated replicas; prefill/decode pools "
                          "are sized by --prefill-replicas and --decode-replicas")
+    for name in ("prefill_gpu", "decode_gpu"):
+        if getattr(config, name) is not None:
+            try:
+                profile_dir(getattr(config, name))
+            except InputError as exc:
+                raise InputError(f"{flag(name)}: {exc}") from None

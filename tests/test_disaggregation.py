@@ -3,12 +3,15 @@ TTFT's parts per request, and the chapter's claim that disaggregation removes pr
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import polars as pl
 import pytest
 
 from simulator.config import RunConfig
 from simulator.deploy.hardware import load_gpu
+from simulator.errors import InputError
 from simulator.fleet.transfer import kv_link
 from simulator.metrics.summary import build_tables, summarize
 from simulator.run.simulate import build_workload, simulate
@@ -131,3 +134,45 @@ def test_closed_loop_and_time_limit() -> None:
     assert cut_requests["output_tokens"].equals(workload_lengths)
     unsent = cut_requests.filter(pl.col("transfer_end").is_null() & (pl.col("output_tokens") > 1))
     assert unsent.height > 0 and unsent["ttft"].is_null().all()
+
+
+def test_pools_on_different_gpu_types() -> None:
+    """--decode-gpu h200_sxm beside --gpu h100_sxm: the decode server's KV cache is sized from the
+    H200's memory, the prefill server's from the H100's; each pool's steps are priced by its own
+    profile (the same steps as in a fleet all of that GPU); the KV link is the run's --gpu's."""
+    workload = Workload(prompt_tokens=np.array([2000] * 4), output_tokens=np.array([30] * 4),
+                        arrival=np.array([0.0, 0.05, 0.1, 0.15]), concurrency=None)
+
+    def run(**settings: object) -> tuple[list[int], pl.DataFrame]:
+        result = simulate(RunConfig(policy="chunked", prefill_replicas=1, decode_replicas=1, **settings), workload)
+        assert result.fleet is not None
+        return result.fleet.kv_blocks, build_tables(result, tokens=False).steps
+
+    (prefill_h100, _), steps_h100 = run(gpu="h100_sxm")
+    (_, decode_h200), steps_h200 = run(gpu="h200_sxm")
+    (prefill_mixed, decode_mixed), steps_mixed = run(gpu="h100_sxm", decode_gpu="h200_sxm")
+    assert (prefill_mixed, decode_mixed) == (prefill_h100, decode_h200)
+    # The weights and activations are the same on both GPUs, so the extra blocks are the extra memory:
+    # (141 - 80) GiB x 0.9 / (16 tokens x 131072 bytes) = 28108.8.
+    extra = (151_397_597_184 - 85_899_345_920) * 0.9 / (16 * LLAMA_KV_BYTES)
+    assert math.floor(extra) <= decode_mixed - prefill_mixed <= math.ceil(extra)
+
+    def durations(steps: pl.DataFrame, server: int) -> list[float]:
+        return steps.filter(pl.col("server") == server)["duration"].to_list()
+
+    assert durations(steps_mixed, 0) == durations(steps_h100, 0)
+    assert durations(steps_mixed, 1) == durations(steps_h200, 1)
+    assert sum(durations(steps_mixed, 1)) < sum(durations(steps_h100, 1))  # the H200 decodes faster
+    (_, _), steps_prefill_h200 = run(gpu="h100_sxm", prefill_gpu="h200_sxm")
+    assert durations(steps_prefill_h200, 0) == durations(steps_h200, 0)
+
+
+@pytest.mark.parametrize(("settings", "message"), [
+    ({"prefill_replicas": 1, "decode_replicas": 1, "decode_gpu": "h999"}, "--decode-gpu: unknown GPU 'h999'"),
+    ({"prefill_replicas": 1, "decode_replicas": 1, "prefill_gpu": "nope"}, "--prefill-gpu: unknown GPU 'nope'"),
+    ({"decode_gpu": "h200_sxm"}, "--decode-gpu applies only to prefill/decode pools"),
+])
+def test_pool_gpu_refused(settings: dict[str, object], message: str) -> None:
+    with pytest.raises(InputError) as error:
+        RunConfig(**settings)  # type: ignore[arg-type]
+    assert str(error.value).startswith(message) and "\n" not in str(error.value)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import shlex
+import sys
 from pathlib import Path
 
 import polars as pl
@@ -214,3 +215,45 @@ def test_goodput_attainment_holds_at_max_rate_on_a_rerun(tmp_path: Path, capsys:
     summary = slo_values(tmp_path, args, capsys)
     assert summary["good_requests"] / summary["completed"] >= 0.95
     assert row["slo_attainment"] == summary["good_requests"] / summary["completed"]
+
+
+def test_pools_are_searched_on_every_gpu_type_given(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """--gpu h100_sxm,h200_sxm: the decode pool of each GPU's prefill servers is searched on both
+    (aiconfigurator's --decode-system); a mixed pool is priced by its two GPUs' hourly costs and its
+    rerun line names the decode GPU; an H200 decode pool decodes faster than an H100 one."""
+    rows, stdout = plan_rows(tmp_path, capsys, "--policy", "chunked", "--max-num-batched-tokens", "512",
+                             "--router", "round-robin", "--gpu", "h100_sxm,h200_sxm", "--exhaustive",
+                             "--gpu-hourly-cost", "h100_sxm=2", "--gpu-hourly-cost", "h200_sxm=3")
+    pools = rows.filter(pl.col("kind") == "disaggregated")
+    combos = {(r["gpu"], r["decode_gpu"]) for r in pools.iter_rows(named=True)}
+    assert combos == {("h100_sxm", None), ("h100_sxm", "h200_sxm"), ("h200_sxm", None), ("h200_sxm", "h100_sxm")}
+    mixed = pools.filter(pl.col("decode_gpu") == "h200_sxm").row(0, named=True)
+    same = pools.filter(pl.col("gpu") == "h100_sxm", pl.col("decode_gpu").is_null()).row(0, named=True)
+    assert mixed["gpus"] == 2 and mixed["viable"]
+    # USD 2 + USD 3 an hour for the output tokens of two GPUs.
+    tokens = mixed["tokens_per_s_per_gpu"] * 2
+    assert mixed["cost_per_million_tokens"] == pytest.approx(5 / 3600 / tokens * 1e6, rel=1e-12)
+    assert "--decode-gpu h200_sxm" in mixed["simulate_args"]
+    assert mixed["p90_tpot_ms"] < same["p90_tpot_ms"]
+    assert "decode on h200_sxm" in stdout
+
+
+def test_executor_ray_is_refused_in_one_line_without_ray(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` raises ImportError, as where it is not installed
+    code, _, err = simulate_cli(["plan", *SMALL, "--executor", "ray", "--out", str(tmp_path / "p")], capsys)
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert "--executor ray needs Ray, which is not installed" in err and "Traceback" not in err
+    code, _, err = simulate_cli(["plan", *SMALL, "--address", "auto", "--out", str(tmp_path / "q")], capsys)
+    assert code == 2 and "--address 'auto' is a Ray cluster's: it needs --executor ray" in err
+
+
+def test_a_plan_on_ray_finds_what_it_finds_locally(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Exhaustive, so that no skip depends on which deployments finished first."""
+    pytest.importorskip("ray")
+    args = ["--policy", "chunked", "--max-num-batched-tokens", "512", "--router", "round-robin", "--exhaustive"]
+    local, _ = plan_rows(tmp_path / "local", capsys, *args)
+    on_ray, _ = plan_rows(tmp_path / "ray", capsys, *args, "--executor", "ray")
+    columns = ["deployment", "max_rate", "max_rate_high", "how", "simulate_args"]
+    assert on_ray.select(columns).sort("deployment").equals(local.select(columns).sort("deployment"))
+    assert local["how"].str.contains("simulated").any()

@@ -76,3 +76,35 @@ def test_disaggregated_rows_are_left_out() -> None:
     table = rows(THREE).with_columns(mode=pl.when(pl.col("concurrency") == 8).then(pl.lit("disagg"))
                                      .otherwise(pl.col("mode")))
     assert points(table).sort("concurrency")["concurrency"].to_list() == [1, 4]
+
+
+def test_regret_is_per_stack() -> None:
+    """The same workload measured on two stacks is two workloads: each judged on its own rows. On
+    SGLang the predictions are perfect (regret 0); on vLLM they are THREE's (regret 1 at each limit)."""
+    perfect = [(c, ttft, tpot, ttft, tpot) for c, ttft, tpot, _, _ in THREE]
+    table = pl.concat([rows(THREE), rows(perfect).with_columns(backend=pl.lit("sglang"),
+                                                                point=pl.col("point") + "-sglang")])
+    summary = {r["stack"]: r for r in regret_summary(planning_regret(table)).iter_rows(named=True)}
+    assert set(summary) == {"vllm", "sglang"}
+    assert summary["vllm"]["cases"] == summary["sglang"]["cases"] == 3
+    assert summary["vllm"]["regret"] == 1.0 and summary["sglang"]["regret"] == 0.0
+    lines = regret_lines(table)
+    assert any(line.startswith("  vllm") and "100.0% mean regret" in line for line in lines), lines
+    assert any(line.startswith("  sglang") and " 0.0% mean regret" in line for line in lines), lines
+
+
+def test_a_deployments_gpus_are_tensor_times_data_parallel() -> None:
+    """A row of 2 data-parallel ranks of TP 1 takes 2 GPUs: c4's 220 tokens/s are 110 per GPU. At the
+    20 ms limit c8 (488.9 predicted, 40 ms measured) is still the pick and misses; with perfect
+    predictions c1 and c4 are the feasible ones, both 110 per GPU, so either pick has regret 0."""
+    table = rows(THREE).with_columns(data_parallel_size=pl.when(pl.col("concurrency") == 4).then(2).otherwise(1))
+    per_gpu = points(table).sort("concurrency")
+    assert per_gpu["gpus"].to_list() == [1, 2, 1]
+    assert per_gpu["measured_tokens"].to_list() == pytest.approx([110.0, 110.0, 220.0])
+    at_median = planning_regret(table).filter(pl.col("quantile") == 0.5).row(0, named=True)
+    assert at_median["pick_concurrency"] == 8 and at_median["missed"]  # c8 (488.9 predicted) still wins
+    perfect = [(c, ttft, tpot, ttft, tpot) for c, ttft, tpot, _, _ in THREE]
+    honest = rows(perfect).with_columns(data_parallel_size=pl.when(pl.col("concurrency") == 4).then(2).otherwise(1))
+    at_median = planning_regret(honest).filter(pl.col("quantile") == 0.5).row(0, named=True)
+    # Feasible at 20 ms: c1 (110) and c4 (110 per GPU): best 110, the pick one of them, regret 0.
+    assert at_median["regret"] == 0.0 and at_median["best_gpus"] in (1, 2)

@@ -14,7 +14,7 @@ from typing import Any
 
 import click
 
-from simulator.cli.options import RESULTS_DIR, SettingType, aligned
+from simulator.cli.options import RESULTS_DIR, Choice, SettingType, aligned
 from simulator.cli.sweep_command import setting_options
 from simulator.errors import InputError
 from simulator.ranges import Range, quote
@@ -61,8 +61,9 @@ def published_margin(gpus: list[str]) -> tuple[float, str]:
 
 def describe(row: dict[str, Any]) -> str:
     if row["kind"] == "disaggregated":
-        return (f"{row['prefill_replicas']}xTP{row['prefill_tensor_parallel_size']} prefill + "
-                f"{row['decode_replicas']}xTP{row['decode_tensor_parallel_size']} decode")
+        on = {role: f" on {row[f'{role}_gpu']}" if row.get(f"{role}_gpu") else "" for role in ("prefill", "decode")}
+        return (f"{row['prefill_replicas']}xTP{row['prefill_tensor_parallel_size']} prefill{on['prefill']} + "
+                f"{row['decode_replicas']}xTP{row['decode_tensor_parallel_size']} decode{on['decode']}")
     fleet = f"{row['num_replicas']}x" if row["num_replicas"] > 1 else ""
     router = f" {row['router']}" if row["num_replicas"] > 1 else ""
     return f"{fleet}TP{row['tensor_parallel_size']}{router}"
@@ -110,11 +111,15 @@ def table(rows: list[dict[str, Any]], slo_names: list[str]) -> str:
                                                  "the best found].")
 @click.option("--jobs", type=SettingType("jobs", Range(int, 1, 1024, "workers")), default=None,
               help="Deployments searched at once [default: all cores].")
+@click.option("--executor", type=Choice(["local", "ray"]), default="local", show_default=True,
+              help="Worker processes on this machine, or Ray (for large spaces).")
+@click.option("--address", default=None, help="Ray cluster to run on [default: start a local Ray instance].")
 @setting_options
 def plan_command(out: Path | None, spec_file: Path | None, max_gpus: int, gpu_hourly_cost: tuple[str, ...],
                  slo: tuple[str, ...], sla_params: Path | None, goodput: tuple[str, ...],
                  slo_attainment: float | None, margin: str, precision: float | None, seeds: int,
-                 exhaustive: bool, jobs: int | None, **settings: str | None) -> None:
+                 exhaustive: bool, jobs: int | None, executor: str, address: str | None,
+                 **settings: str | None) -> None:
     """Plan a deployment: the most load per GPU, or the fewest GPUs for --rate, within latency SLOs."""
     from simulator.outputs.run_folder import check_out_dir, default_run_dir
     from simulator.plan.capacity import PRECISION
@@ -137,6 +142,8 @@ def plan_command(out: Path | None, spec_file: Path | None, max_gpus: int, gpu_ho
         if len(axes["rate"]) != 1 or axes["rate"][0] is None or not math.isfinite(axes["rate"][0]):
             raise InputError(f"--rate takes one finite rate to serve (req/s), got {quote(axes['rate'])}")
         target = axes.pop("rate")[0]
+    if address is not None and executor != "ray":
+        raise InputError(f"--address {quote(address)} is a Ray cluster's: it needs --executor ray")
     slos = build_slos(slo, sla_params, goodput, slo_attainment)
     gpus = [str(g) for g in axes.get("gpu", ["h100_sxm"])]
     if margin == "auto":
@@ -154,7 +161,8 @@ def plan_command(out: Path | None, spec_file: Path | None, max_gpus: int, gpu_ho
         click.echo(f"resuming the plan interrupted in {out}/: its probes are read back, not simulated again")
     spec = PlanSpec(fixed, lists, slos.tightened(share) if share else slos, max_gpus, hourly_costs(gpu_hourly_cost),
                     target, precision if precision is not None else PRECISION,
-                    jobs if jobs is not None else len(os.sched_getaffinity(0)), exhaustive, seeds, str(out))
+                    jobs if jobs is not None else len(os.sched_getaffinity(0)), exhaustive, seeds, str(out),
+                    executor, address)
     outcomes = search(spec)
     rows = [row(outcome, spec) for outcome in outcomes]
     metadata = {"plan": {"axes": {k: [str(v) for v in vs] for k, vs in axes.items()}, "slos": slos.sla_params(),
@@ -186,7 +194,7 @@ def plan_command(out: Path | None, spec_file: Path | None, max_gpus: int, gpu_ho
         click.echo(f"rerun: {pick['simulate_args']}")
     if share:
         base = PlanSpec(fixed, lists, slos, max_gpus, spec.hourly_cost, target, spec.precision, spec.jobs, exhaustive,
-                        seeds, str(out))
+                        seeds, str(out), executor, address)
         plain = ranked([row(o, base) for o in search(base)], base)
         without = f"{describe(plain[0])}, {plain[0]['max_rate']:.2f} req/s" if plain else "none"
         click.echo(f"without the margin the pick would be: {without}")

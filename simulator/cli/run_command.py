@@ -39,10 +39,17 @@ def per_s(value: float, digits: int) -> str:
     return "-" if math.isnan(value) else f"{value:.{digits}f}"
 
 
+def pool_gpus(config: RunConfig) -> str:
+    """The pools on another GPU type than --gpu, as ` (prefill X, decode Y)`."""
+    other = [f"{role} {gpu}" for role, gpu in (("prefill", config.prefill_gpu), ("decode", config.decode_gpu))
+             if gpu is not None and gpu != config.gpu]
+    return f" ({', '.join(other)})" if other else ""
+
+
 def format_summary(summary: dict[str, Any], config: RunConfig, metrics: tuple[str, ...] = LATENCIES) -> str:
     lines = [
         f"{'policy':<40}{config.policy}",
-        f"{'model / gpu':<40}{config.model} / {config.gpu}",
+        f"{'model / gpu':<40}{config.model} / {config.gpu}{pool_gpus(config)}",
         f"{'completed / arrived requests':<40}{summary['completed']} / {summary['arrived']}",
         f"{'duration (s)':<40}{summary['duration']:.3f}",
         f"{'total input / output tokens':<40}{summary['total_input_tokens']} / {summary['total_output_tokens']}",
@@ -160,6 +167,10 @@ def read_by(setting: str) -> str:
 @setting("prefill_tensor_parallel_size", help="GPUs of each prefill server "
                                               "[default: --tensor-parallel-size].")
 @setting("decode_tensor_parallel_size", help="GPUs of each decode server [default: --tensor-parallel-size].")
+@setting("prefill_gpu", help="GPU profile of the prefill servers: their memory, KV cache and step times "
+                             "[default: --gpu].")
+@setting("decode_gpu", help="GPU profile of the decode servers, as aiconfigurator's --decode-system "
+                            "[default: --gpu].")
 @setting("kv_transfer_bandwidth", help="GB/s per GPU of the link the KV cache crosses from prefill to "
                                        "decode [default: the GPU profile's NVLink, 450 on the H100].")
 @setting("kv_transfer_latency", help="Seconds of fixed time per KV transfer [default: the GPU profile's "

@@ -60,6 +60,8 @@ class Probe:
     output_throughput: float
     request_throughput: float
     mean_e2el: float
+    stopped_at: int = 0
+    """Requests finished when the probe stopped, its failure certain (`simulator.plan.early`); 0: it ran to the end."""
 
     @property
     def tokens_per_user(self) -> float:
@@ -105,13 +107,20 @@ def load_settings(settings: dict[str, Any], rate: float, num_requests: int) -> d
     return {"trace_speed": rate / trace_rate(settings["trace"], num_requests), "num_requests": num_requests}
 
 
-def probe_seed(settings: dict[str, Any], slos: Slos, rate: float, num_requests: int) -> Probe:
+def probe_seed(settings: dict[str, Any], slos: Slos, rate: float, num_requests: int, early: bool = True) -> Probe:
+    """One run judged; with `early`, stopped as soon as its failure is certain (`simulator.plan.early`)."""
     from simulator.metrics.summary import build_tables, summarize
+    from simulator.plan.early import VerdictCertain, watched_clients
+    from simulator.run.clients import workload_clients
     from simulator.run.simulate import simulate
 
     config = RunConfig(**settings | load_settings(settings, rate, num_requests)
                        | {"percentiles": slos.percentiles(), "goodput": slos.goodput})
-    result = simulate(config)
+    try:
+        result = simulate(config, clients=watched_clients(slos) if early else workload_clients)
+    except VerdictCertain as stop:
+        return Probe(rate, False, False, dict.fromkeys(slos.measure_names(), math.nan), math.nan, math.nan, math.nan,
+                     stopped_at=stop.finished)
     summary = summarize(result, build_tables(result, tokens=False))
     values = slos.measure(summary)
     overloaded = summary["kept_up"] is False

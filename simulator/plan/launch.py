@@ -95,8 +95,10 @@ def launch(settings: dict[str, Any]) -> str:
                 lines.append(serve_line(settings["model"], params, port, gpu, ["--kv-transfer-config", NIXL]))
                 ports[role].append(port)
                 gpu += params["tensor_parallel_size"]
+        on = {role: f" ({settings[f'{role}_gpu']})" if settings.get(f"{role}_gpu") else "" for role in ports}
         lines.append(f"# a P/D proxy (vLLM's disaggregated-serving example) in front: prefill on ports "
-                     f"{','.join(map(str, ports['prefill']))}, then decode on {','.join(map(str, ports['decode']))}")
+                     f"{','.join(map(str, ports['prefill']))}{on['prefill']}, then decode on "
+                     f"{','.join(map(str, ports['decode']))}{on['decode']}")
         return "\n".join(lines)
     params = serve_params(settings)
     for _ in range(settings["num_replicas"]):

@@ -8,7 +8,7 @@ from typing import Any
 
 from simulator.plan.launch import bench_params, dump, launch, serve_params, simulate_args
 from simulator.plan.search import Outcome, PlanSpec
-from simulator.plan.space import WORKLOAD_SETTINGS
+from simulator.plan.space import WORKLOAD_SETTINGS, Deployment
 from simulator.sweep.executors import setting_column
 
 TOP = 5
@@ -57,8 +57,8 @@ def ranked(rows: list[dict[str, Any]], spec: PlanSpec) -> list[dict[str, Any]]:
     viable = [r for r in rows if r["viable"]]
 
     def price(r: dict[str, Any]) -> float:
-        hourly = spec.hourly_cost.get(r["gpu"])
-        return r["gpus"] * hourly if hourly is not None else math.inf
+        hourly = spec.price(Deployment(r))  # the row holds the settings under their own names
+        return hourly if hourly is not None else math.inf
 
     def key(r: dict[str, Any]) -> tuple[float, float]:
         if spec.target_rate is not None:

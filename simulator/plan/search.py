@@ -1,28 +1,26 @@
 """The search: every deployment of the space, its capacity found, bounded or derived, one row each.
 
 Single servers come first: each one's capacity is searched (`simulator.plan.capacity`), in parallel
-over `jobs` processes, best analytic bound per GPU (or per dollar) first. A server whose bound
-cannot beat the best capacity found is skipped, and one that fails at the rate it needs to beat it
-(one probe) is screened out, unless the plan is exhaustive. Replicas behind the random router are
-not simulated where the arrivals are a Poisson stream (`simulator.plan.space.symmetric`): each of k
-replicas then sees a Poisson stream of R/k, so k of them serve exactly k times one server's capacity
-with the same latencies. Replicas behind the other routers and prefill/decode pools are then
-searched for the best `FLEET_CANDIDATES` servers of each tensor-parallel size and GPU, from the
-random router's capacity up. With a target rate, the fewest GPUs (or the cheapest) that serve it:
-every fleet size, each probed at the target, skipping those that cost more than the cheapest found.
-Every probe is kept in the plan folder (`simulator.plan.resume`) for an interrupted plan to resume.
+over `jobs` processes or on Ray (`simulator.plan.runner`), best analytic bound per GPU (or per
+dollar) first. A server whose bound cannot beat the best capacity found is skipped, and one that
+fails at the rate it needs to beat it (one probe) is screened out, unless the plan is exhaustive.
+Replicas behind the random router are not simulated where the arrivals are a Poisson stream
+(`simulator.plan.space.symmetric`): each of k replicas then sees a Poisson stream of R/k, so k of
+them serve exactly k times one server's capacity with the same latencies. Replicas behind the other
+routers and prefill/decode pools are then searched for the best `FLEET_CANDIDATES` servers of each
+tensor-parallel size and GPU, from the random router's capacity up. With a target rate, the fewest
+GPUs (or the cheapest) that serve it: every fleet size, each probed at the target, skipping those
+that cost more than the cheapest found. Every probe is kept in the plan folder
+(`simulator.plan.resume`) for an interrupted plan to resume.
 """
 
 from __future__ import annotations
 
-import concurrent.futures as cf
 import math
-import multiprocessing
-import os
-from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from simulator.config import DEFAULTS
 from simulator.errors import InputError
 from simulator.plan.capacity import (
     PRECISION,
@@ -34,6 +32,7 @@ from simulator.plan.capacity import (
     requests_for,
 )
 from simulator.plan.resume import ProbeStore
+from simulator.plan.runner import Runner
 from simulator.plan.slo import Slos
 from simulator.plan.space import (
     FLEET_SETTINGS,
@@ -69,6 +68,10 @@ class PlanSpec:
     """Seeds a close decision rests on (`simulator.plan.capacity.probe`)."""
     folder: str | None = None
     """Where probes are kept for a rerun to resume from (`simulator.plan.resume`)."""
+    executor: str = "local"
+    """Where deployments are searched (`simulator.plan.runner`): worker processes, or Ray."""
+    address: str | None = None
+    """The Ray cluster (None: a local Ray instance)."""
 
     def __post_init__(self) -> None:
         if not 1 <= self.max_gpus <= 4096:
@@ -79,6 +82,11 @@ class PlanSpec:
             raise InputError(f"--seeds must be an integer in [1, 100], got {self.seeds}")
 
     @property
+    def gpus(self) -> list[str]:
+        """The GPU types searched (--gpu, one or several)."""
+        return [str(gpu) for gpu in self.axes.get("gpu") or [self.fixed.get("gpu", DEFAULTS["gpu"])]]
+
+    @property
     def fleet_axes(self) -> dict[str, list[Any]]:
         """The fleet settings given, one value or several, as lists."""
         fixed = {name: [value] for name, value in self.fixed.items() if name in FLEET_SETTINGS}
@@ -86,8 +94,10 @@ class PlanSpec:
 
     def price(self, deployment: Deployment) -> float | None:
         """USD per hour of `deployment`, None where its GPU has no price."""
-        hourly = self.hourly_cost.get(deployment.settings["gpu"])
-        return None if hourly is None else hourly * deployment.gpus
+        pools = deployment.pool_gpus()
+        if any(gpu not in self.hourly_cost for gpu, _ in pools):
+            return None
+        return sum(self.hourly_cost[gpu] * count for gpu, count in pools)
 
     def value(self, deployment: Deployment, rate: float) -> float:
         """What the plan maximises: req/s per dollar-hour where every GPU has a price, else per GPU."""
@@ -141,48 +151,6 @@ def evaluate(deployment: Deployment, slos: Slos, start: float, bound: float, pre
     except InputError as exc:
         return Outcome(deployment, bound, reason=str(exc), how="refused")
     return Outcome(deployment, bound, capacity, num_requests=count)
-
-
-class Runner:
-    """Evaluations in `jobs` spawned processes (one in this process when 1), submitted lazily so that
-    a bound can be checked against the best found just before its deployment starts."""
-
-    def __init__(self, jobs: int) -> None:
-        self.jobs = jobs
-        self.pool: cf.ProcessPoolExecutor | None = None
-        if jobs > 1:
-            from simulator.sweep.executors import exit_with_parent
-
-            self.pool = cf.ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn"),
-                                               initializer=exit_with_parent, initargs=(os.getpid(),))
-
-    def map(self, tasks: list[tuple[Any, ...]], prepare: Callable[[tuple[Any, ...]], tuple[Any, ...] | Outcome]
-            ) -> Iterator[Outcome]:
-        """Each task's outcome as it finishes; `prepare(task)`, called just before a task starts,
-        returns the task to run or an outcome that stands in for running it."""
-        if self.pool is None:
-            for task in tasks:
-                prepared = prepare(task)
-                yield prepared if isinstance(prepared, Outcome) else evaluate(*prepared)
-            return
-        pending: set[cf.Future[Outcome]] = set()
-        queue = list(tasks)
-        while queue or pending:
-            while queue and len(pending) < 2 * self.jobs:
-                prepared = prepare(queue.pop(0))
-                if isinstance(prepared, Outcome):
-                    yield prepared
-                    continue
-                pending.add(self.pool.submit(evaluate, *prepared))
-            if not pending:
-                continue
-            done, pending = cf.wait(pending, return_when=cf.FIRST_COMPLETED)
-            for future in done:
-                yield future.result()
-
-    def close(self) -> None:
-        if self.pool is not None:
-            self.pool.shutdown(wait=True, cancel_futures=True)
 
 
 def bounded(deployments: list[Deployment], slos: Slos) -> tuple[list[tuple[Deployment, float]], list[Outcome]]:
@@ -249,13 +217,13 @@ def search(spec: PlanSpec) -> list[Outcome]:
     runnable, outcomes = bounded(servers, slos)
     best = Best(spec)
     store = ProbeStore.open(spec.folder) if spec.folder is not None else None
-    runner = Runner(spec.jobs)
+    runner = Runner(spec.jobs, spec.executor, spec.address)
     try:
         runnable.sort(key=lambda item: -spec.value(item[0], item[1]))
         tasks = [(d, slos, 0.5 * b if math.isfinite(b) else 1.0, b, spec.precision, None, spec.seeds, store)
                  for d, b in runnable]
         singles = []
-        for outcome in runner.map(tasks, best.prepare):
+        for outcome in runner.map(tasks, best.prepare, evaluate):
             singles.append(outcome)
             best.add(outcome)
         outcomes += singles
@@ -272,7 +240,7 @@ def search(spec: PlanSpec) -> list[Outcome]:
             fleet_list.sort(key=lambda task: -spec.value(task[0], task[3]))
         else:
             fleet_list.sort(key=lambda task: best.cost_of(task[0]))
-        for outcome in runner.map(fleet_list, best.prepare):
+        for outcome in runner.map(fleet_list, best.prepare, evaluate):
             outcomes.append(outcome)
             best.add(outcome)
     finally:
@@ -321,7 +289,7 @@ def fleet_tasks(singles: list[Outcome], spec: PlanSpec) -> list[tuple[Deployment
                                             spec.target_rate is not None):
                     tasks.append((fleet, c1 * fleet.settings["num_replicas"]))
             if settings["tensor_parallel_size"] == 1 and settings["policy"] != "static" and "num_replicas" not in axes:
-                for fleet in pool_fleets(settings, axes, spec.max_gpus, spec.target_rate is not None):
+                for fleet in pool_fleets(settings, axes, spec.max_gpus, spec.target_rate is not None, spec.gpus):
                     if fleet.key not in pools_done:
                         pools_done.add(fleet.key)
                         tasks.append((fleet, c1 * fleet.gpus * 0.8))

@@ -163,6 +163,10 @@ class Slos:
             values["slo_attainment"] = summary["good_requests"] / completed if completed else math.nan
         return values
 
+    def measure_names(self) -> list[str]:
+        """The names `measure` gives its values."""
+        return [slo.name for slo in self.limits] + (["slo_attainment"] if self.goodput else [])
+
     def met(self, values: dict[str, float]) -> bool:
         ok = all(slo.holds(values[slo.name]) for slo in self.limits)
         return ok and (not self.goodput or values["slo_attainment"] >= self.attainment)

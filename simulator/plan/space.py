@@ -1,7 +1,8 @@
 """The deployments a plan searches: every run setting fixed or a list (as a sweep takes them), and
 for the settings not given, what a vLLM user would try on at most `max_gpus` GPUs: tensor-parallel
 sizes, continuous and chunked batching, token budgets, sequence caps, fp8 weights, replicas behind
-routers (prefix-aware where prompts share prefixes), and prefill/decode pools.
+routers (prefix-aware where prompts share prefixes), and prefill/decode pools (the decode pool on
+each GPU type given, as aiconfigurator's `--decode-system`).
 
 A deployment that cannot run (weights that do not fit, a budget continuous batching refuses) is
 kept with the reason, never raised.
@@ -29,8 +30,9 @@ ROUTERS = ("round-robin", "random", "least-loaded")
 """Routers searched for replicas unless --router is given (prefix-aware added for shared prefixes)."""
 POOL_TENSOR_PARALLEL = (1, 2)
 """Tensor-parallel sizes of prefill and decode servers searched unless given."""
-FLEET_SETTINGS = ("num_replicas", "router", "prefill_replicas", "decode_replicas", "prefill_tensor_parallel_size",
-                  "decode_tensor_parallel_size")
+POOL_SIZES = ("prefill_replicas", "decode_replicas", "prefill_tensor_parallel_size", "decode_tensor_parallel_size",
+              "prefill_gpu", "decode_gpu")
+FLEET_SETTINGS = ("num_replicas", "router", *POOL_SIZES)
 WORKLOAD_SETTINGS = ("rate", "num_requests", "duration", "percentiles", "goodput")
 """Settings a probe sets itself."""
 
@@ -53,6 +55,16 @@ class Deployment:
             return (s["prefill_replicas"] * (s.get("prefill_tensor_parallel_size") or tp)
                     + s["decode_replicas"] * (s.get("decode_tensor_parallel_size") or tp))
         return s["num_replicas"] * s["tensor_parallel_size"]
+
+    def pool_gpus(self) -> list[tuple[str, int]]:
+        """(GPU type, count) of each pool: one entry for replicas, prefill then decode for P/D pools."""
+        s = self.settings
+        if not self.disaggregated:
+            return [(s["gpu"], self.gpus)]
+        tp = s["tensor_parallel_size"]
+        return [(s.get(f"{role}_gpu") or s["gpu"],
+                 s[f"{role}_replicas"] * (s.get(f"{role}_tensor_parallel_size") or tp))
+                for role in ("prefill", "decode")]
 
     @property
     def servers(self) -> int:
@@ -83,8 +95,7 @@ def server_settings(fixed: dict[str, Any], axes: dict[str, list[Any]], max_gpus:
     servers = []
     for values in itertools.product(*lists):
         settings = base | dict(zip(names, values, strict=True)) | {"num_replicas": 1, "router": "round-robin"}
-        for name in ("prefill_replicas", "decode_replicas", "prefill_tensor_parallel_size",
-                     "decode_tensor_parallel_size"):
+        for name in POOL_SIZES:
             settings[name] = None
         if settings["policy"] != "static" and settings["max_num_seqs"] > settings["max_num_batched_tokens"]:
             continue  # vLLM refuses it; not a deployment anyone would try
@@ -115,14 +126,21 @@ def symmetric(settings: dict[str, Any]) -> bool:
     return settings.get("trace") is None and settings["burstiness"] == 1.0 and settings.get("concurrency") is None
 
 
-def pool_fleets(server: dict[str, Any], axes: dict[str, list[Any]], max_gpus: int, all_sizes: bool
-                ) -> list[Deployment]:
+def pool_fleets(server: dict[str, Any], axes: dict[str, list[Any]], max_gpus: int, all_sizes: bool,
+                gpu_types: list[str] | None = None) -> list[Deployment]:
     """Prefill/decode pools of `server`'s scheduler: each pool's servers and TP (given, else searched)
-    filling `max_gpus` (or every size when `all_sizes`)."""
+    filling `max_gpus` (or every size when `all_sizes`). The prefill pool runs on `server`'s GPU, the
+    decode pool on each of `gpu_types` (the plan's --gpu types; --prefill-gpu and --decode-gpu where given)."""
     deployments = []
     prefill_tps = axes.get("prefill_tensor_parallel_size") or list(POOL_TENSOR_PARALLEL)
     decode_tps = axes.get("decode_tensor_parallel_size") or list(POOL_TENSOR_PARALLEL)
-    for prefill_tp, decode_tp in itertools.product(prefill_tps, decode_tps):
+    own = server["gpu"]
+    prefill_gpus = axes.get("prefill_gpu") or [own]
+    decode_gpus = axes.get("decode_gpu") or gpu_types or [own]
+    for prefill_tp, decode_tp, prefill_gpu, decode_gpu in itertools.product(prefill_tps, decode_tps, prefill_gpus,
+                                                                           decode_gpus):
+        on = {"prefill_gpu": None if prefill_gpu == own else prefill_gpu,
+              "decode_gpu": None if decode_gpu == own else decode_gpu}
         for prefill in axes.get("prefill_replicas") or range(1, max_gpus):
             for decode in axes.get("decode_replicas") or range(1, max_gpus):
                 gpus = prefill * prefill_tp + decode * decode_tp
@@ -131,7 +149,7 @@ def pool_fleets(server: dict[str, Any], axes: dict[str, list[Any]], max_gpus: in
                 deployments.append(Deployment(server | {
                     "num_replicas": 1, "router": (axes.get("router") or ["round-robin"])[0],
                     "prefill_replicas": prefill, "decode_replicas": decode,
-                    "prefill_tensor_parallel_size": prefill_tp, "decode_tensor_parallel_size": decode_tp}))
+                    "prefill_tensor_parallel_size": prefill_tp, "decode_tensor_parallel_size": decode_tp} | on))
     return deployments
 
 

@@ -61,7 +61,9 @@ def pareto(rows: pl.DataFrame) -> pl.DataFrame:
 
 
 def label(row: dict[str, object]) -> str:
-    parts = [str(row.get(name)) for name in ("policy", "tensor_parallel_size", "num_replicas", "router") if name in row]
+    parts = [str(row.get(name)) for name in ("gpu", "policy", "tensor_parallel_size", "num_replicas", "router")
+             if name in row]
+    parts += [f"{role} on {row[f'{role}_gpu']}" for role in ("prefill", "decode") if row.get(f"{role}_gpu")]
     return html.escape(f"{row['deployment']} {row['kind']} {row['gpus']} GPUs " + " ".join(parts))
 
 

@@ -1,6 +1,7 @@
 """A run's pools built from a `RunConfig`: one server, colocated replicas, or prefill and decode
-pools each of its own tensor-parallel size, sized and checked as a single server of that size
-would be; and a fleet's run."""
+pools each of its own tensor-parallel size and GPU type (`--prefill-gpu`, `--decode-gpu`, as
+aiconfigurator's `--decode-system`), sized, priced and checked as a single server of that size on
+that GPU would be; and a fleet's run. The KV link between the pools is the run's `--gpu`'s."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from dataclasses import replace
 from policies import build_policy
 from simulator.config import RunConfig, disaggregated
 from simulator.cost import CostModel, build_cost_model
-from simulator.deploy.hardware import GpuSpec
+from simulator.deploy.hardware import GpuSpec, load_gpu
 from simulator.deploy.model import ModelSpec
 from simulator.errors import InputError
 from simulator.fleet.engine import Pool
@@ -30,23 +31,27 @@ def pool_configs(config: RunConfig) -> list[tuple[str, int, RunConfig]]:
     assert config.prefill_replicas is not None and config.decode_replicas is not None
     prefill_tp = config.prefill_tensor_parallel_size or tp
     decode_tp = config.decode_tensor_parallel_size or tp
-    return [("prefill", config.prefill_replicas, replace(config, tensor_parallel_size=prefill_tp)),
-            ("decode", config.decode_replicas, replace(config, tensor_parallel_size=decode_tp))]
+    return [("prefill", config.prefill_replicas, replace(config, tensor_parallel_size=prefill_tp,
+                                                         gpu=config.prefill_gpu or config.gpu)),
+            ("decode", config.decode_replicas, replace(config, tensor_parallel_size=decode_tp,
+                                                       gpu=config.decode_gpu or config.gpu))]
 
 
 def build_pools(config: RunConfig, model: ModelSpec, gpu: GpuSpec, workload: Workload, cost: CostModel | None = None
                 ) -> tuple[list[Pool], KVLink | None]:
     """The pools (fresh policies and routers) and, for P/D, the KV link; refuses a workload a pool
-    could never serve, before anything runs. `cost` replaces every pool's cost model."""
+    could never serve, before anything runs. `cost` replaces every pool's cost model. `gpu` is the
+    run's `--gpu`; a pool on another GPU type loads its own profile."""
     longest = int(workload.prompt_tokens.max())
     pools = []
     for index, (role, count, pool_config) in enumerate(pool_configs(config)):
-        kv_blocks = kv_cache_blocks(pool_config, model, gpu, longest)
+        pool_gpu = gpu if pool_config.gpu == config.gpu else load_gpu(pool_config.gpu)
+        kv_blocks = kv_cache_blocks(pool_config, model, pool_gpu, longest)
         check_fits(workload, pool_config, model, kv_blocks)
         policies = [build_policy(pool_config) for _ in range(count)]
         # A decode server receives prompts computed elsewhere: it has no prefill to skip.
         caching = keeps_prefix_cache(config, workload, policies[0]) and role != "decode"
-        pools.append(Pool(role, policies, cost or build_cost_model(pool_config, model, gpu), kv_blocks,
+        pools.append(Pool(role, policies, cost or build_cost_model(pool_config, model, pool_gpu), kv_blocks,
                           config.block_size, build_router(config.router, count, workload.num_requests, config.seed,
                                                           index), caching))
     link = None

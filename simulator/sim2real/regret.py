@@ -11,7 +11,10 @@ the limit.
 
 A point's tokens/s/GPU is its output throughput where measured (and simulated), else, for a closed
 loop of `concurrency` clients, concurrency x output tokens / (TTFT + (output tokens - 1) x TPOT),
-per GPU of its tensor-parallel size. It reads `simulator.sim2real.compare`'s rows.
+per GPU of the deployment: its tensor-parallel size times its data-parallel ranks and replicas
+where the rows carry them (`data_parallel_size`, `num_replicas`). Disaggregated rows (GPUs in two
+pools of their own sizes) are left out. Workloads are grouped per stack. It reads
+`simulator.sim2real.compare`'s rows.
 """
 
 from __future__ import annotations
@@ -25,6 +28,8 @@ import polars as pl
 QUANTILES = (0.25, 0.5, 0.75)
 WORKLOAD = ("group", "input_len", "output_len")
 """What makes a workload, with `stack` where the rows carry one."""
+GPU_FACTORS = ("data_parallel_size", "num_replicas")
+"""Columns that multiply a deployment's GPUs beyond its tensor-parallel size, where rows carry them."""
 
 
 def points(rows: pl.DataFrame) -> pl.DataFrame:
@@ -34,8 +39,8 @@ def points(rows: pl.DataFrame) -> pl.DataFrame:
         rows = rows.rename({"backend": "stack"})
     if "mode" in rows.columns:
         rows = rows.filter(pl.col("mode") == "agg").drop("mode")
-    keys = [c for c in ("point", "stack", *WORKLOAD, "gpu", "model", "tensor_parallel_size", "quantization",
-                        "concurrency") if c in rows.columns]
+    keys = [c for c in ("point", "stack", *WORKLOAD, "gpu", "model", "tensor_parallel_size", *GPU_FACTORS,
+                        "quantization", "concurrency") if c in rows.columns]
     wide = rows.pivot(on="statistic", index=keys, values=["measured", "simulated"], aggregate_function="first")
     columns = set(wide.columns)
 
@@ -46,9 +51,15 @@ def points(rows: pl.DataFrame) -> pl.DataFrame:
     def per_gpu(kind: str) -> pl.Expr:
         closed = (pl.col("concurrency") * pl.col("output_len")
                   / (column(kind, "ttft_mean") + (pl.col("output_len") - 1) * column(kind, "tpot_mean")))
-        return pl.coalesce(column(kind, "output_throughput"), closed) / pl.col("tensor_parallel_size")
+        return pl.coalesce(column(kind, "output_throughput"), closed) / pl.col("gpus")
 
-    return wide.select(*keys, measured_tpot=column("measured", "tpot_mean"),
+    gpus = pl.col("tensor_parallel_size")
+    for factor in GPU_FACTORS:
+        if factor in columns:
+            gpus = gpus * pl.col(factor).fill_null(1)
+    wide = wide.with_columns(gpus=gpus)
+
+    return wide.select(*keys, "gpus", measured_tpot=column("measured", "tpot_mean"),
                        predicted_tpot=column("simulated", "tpot_mean"),
                        measured_tokens=per_gpu("measured"), predicted_tokens=per_gpu("simulated"))
 
@@ -73,7 +84,10 @@ def group_regret(group: pl.DataFrame, quantile: float) -> dict[str, Any] | None:
     if not fits.any():
         return result | {"regret": 1.0, "missed": False}
     pick = int(np.argmax(np.where(fits, predicted_tokens, -math.inf)))
-    return result | {"regret": float(regrets[pick]), "missed": not bool(feasible[pick])}
+    best_index = int(np.argmax(np.where(feasible, tokens, -math.inf)))
+    shape = {f"{who}_{name}": measured[name][index] for who, index in (("pick", pick), ("best", best_index))
+             for name in ("gpus", "concurrency") if name in measured.columns}
+    return result | {"regret": float(regrets[pick]), "missed": not bool(feasible[pick])} | shape
 
 
 def planning_regret(rows: pl.DataFrame, quantiles: tuple[float, ...] = QUANTILES) -> pl.DataFrame:
