@@ -260,7 +260,7 @@ def test_missing_tables_are_refused_naming_them(tmp_path: Path) -> None:
 @pytest.mark.parametrize(("args", "named"), [
     (["--tensor-parallel-size", "0"], "--tensor-parallel-size must be an integer in [1, 1024] GPUs, got 0"),
     (["--tensor-parallel-size", "3"], "--tensor-parallel-size 3 does not divide llama-3.1-8b's num_heads 32"),
-    (["--quantization", "int4"], "unknown --quantization 'int4' (choose from fp8)"),
+    (["--quantization", "int4"], "unknown --quantization 'int4' (choose from fp8, fp8_block)"),
     (["--kv-cache-dtype", "fp4"], "unknown --kv-cache-dtype 'fp4' (choose from auto, "),
 ])
 def test_bad_deployment_flags_are_one_line(args: list[str], named: str, capsys: pytest.CaptureFixture[str]) -> None:

@@ -64,8 +64,8 @@ class Broken:
     def max_step_tokens(self, longest_prompt: int) -> int:
         return self.policy.max_step_tokens(longest_prompt)
 
-    def check_prompts(self, prompt_tokens: Sequence[int]) -> None:
-        self.policy.check_prompts(prompt_tokens)
+    def check_prompts(self, prompt_tokens: Sequence[int], output_tokens: Sequence[int]) -> None:
+        self.policy.check_prompts(prompt_tokens, output_tokens)
 
 
 def test_policies_decide_every_run(monkeypatch: pytest.MonkeyPatch) -> None:
