@@ -27,7 +27,7 @@ import polars as pl
 import yaml
 
 from calibration.fit_roofline import GPUS, PROFILES_DIR, build_profile
-from calibration.kernel_db import STACK_VERSIONS, ExtraTables, stack_tables
+from calibration.kernel_db import STACK_VERSIONS, stack_tables
 from calibration.kernel_db_models import write_profile_tables
 
 FORMAT = 1
@@ -160,11 +160,10 @@ def build(gpu: str, reference: Path, out: Path) -> None:
     (out / "roofline.json").write_text(json.dumps(roofline, indent=2) + "\n")
 
 
-def build_stack(gpu: str, stack: str, kernel_db: Path, reference: Path, out: Path,
-                extra: tuple[ExtraTables, ...] = ()) -> None:
+def build_stack(gpu: str, stack: str, kernel_db: Path, reference: Path, out: Path) -> None:
     """`stack`'s profile on `gpu`: its kernel-database tables, the base profile's elementwise table
     and roofline constants (`build`), no host time (`simulate fit` adds what survives held-out)."""
-    found = stack_tables(kernel_db, gpu, stack, reference / gpu / "nccl_perf.parquet", extra=extra)
+    found = stack_tables(kernel_db, gpu, stack, reference / gpu / "nccl_perf.parquet")
     roofline = build_profile(gpu, reference)
     kernel_latency, mem_bw = float(roofline["kernel_latency"]), float(roofline["mem_bw"])  # type: ignore[arg-type]
     system = yaml.safe_load((reference / gpu / "system.yaml").read_text())["gpu"]
@@ -192,11 +191,6 @@ def build_stack(gpu: str, stack: str, kernel_db: Path, reference: Path, out: Pat
     (out / "roofline.json").write_text(json.dumps(roofline, indent=2) + "\n")
 
 
-EXTRA_TABLES: tuple[ExtraTables, ...] = ()
-"""More kernel families for every stack profile (`f(kernel_db, gpu, stack) -> {name: table}`, e.g.
-MLA's), joined by `calibration.kernel_db.stack_tables`."""
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     shared = Path(__file__).resolve().parent.parent.parent / "shared" / "reference"
@@ -210,7 +204,7 @@ def main() -> None:
         write_profile_tables(args.kernel_db, gpu, "vllm", args.out / gpu)
         print(f"wrote {args.out / gpu}")
         for stack in filter(None, args.stacks.split(",")):
-            build_stack(gpu, stack, args.kernel_db, args.reference, args.out / f"{gpu}_{stack}", EXTRA_TABLES)
+            build_stack(gpu, stack, args.kernel_db, args.reference, args.out / f"{gpu}_{stack}")
             write_profile_tables(args.kernel_db, gpu, stack, args.out / f"{gpu}_{stack}")
             print(f"wrote {args.out / f'{gpu}_{stack}'}")
 

@@ -18,14 +18,14 @@ What each stack runs on Hopper, and so which rows are kept where a table holds s
   strategy itself, NCCL included).
 Rows measured twice with the same key are merged to their median.
 
-A stack's extra tables (another helper's `model_tables(kernel_db, gpu, stack)`, e.g. MLA) join
-through `extra`: functions returning more named tables.
+The model-specific tables (MLA, quantized experts, all-to-all) are written into the same folders
+afterwards by `calibration.kernel_db_models.write_profile_tables`.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -39,7 +39,6 @@ STACK_VERSIONS = {"vllm": "0.19.0", "sglang": "0.5.14", "trtllm": "1.3.0rc20"}
 CUSTOM_ALLREDUCE_MAX_BYTES = 8 * 2**20
 """vLLM's and SGLang's custom all-reduce `max_size` default: larger messages go to NCCL
 (vllm/distributed/device_communicators/custom_all_reduce.py, sglang's custom_all_reduce.py)."""
-ExtraTables = Callable[[Path, str, str], dict[str, pl.DataFrame]]
 
 
 @dataclass(frozen=True)
@@ -173,8 +172,7 @@ class StackTables:
     device: str
 
 
-def stack_tables(kernel_db: Path, gpu: str, stack: str, nccl: Path, version: str | None = None,
-                 extra: Sequence[ExtraTables] = ()) -> StackTables:
+def stack_tables(kernel_db: Path, gpu: str, stack: str, nccl: Path, version: str | None = None) -> StackTables:
     """The profile tables of `stack` (at `version`, default its STACK_VERSIONS one) on `gpu`."""
     kernels, wanted = KERNELS[stack], version or STACK_VERSIONS[stack]
     found = {table: find_table(kernel_db, gpu, family, stack, table, wanted) for family, table in (
@@ -208,9 +206,5 @@ def stack_tables(kernel_db: Path, gpu: str, stack: str, nccl: Path, version: str
     families["collectives"] = (f"measured: {said('custom_allreduce_perf')}, " + (
         f"{kernels.allreduce[1]} up to 8 MiB, NCCL above ({nccl.parent.name}/{nccl.name}, vLLM 0.14 data)"
         if kernels.allreduce else "every size"))
-    for more in extra:
-        for name, frame in more(kernel_db, gpu, stack).items():
-            tables[name] = frame
-            families[name] = f"measured: from {getattr(more, '__module__', 'an extra table function')}"
     device = str(pl.read_parquet(found["gemm_perf"].path, n_rows=1)["device"][0])
     return StackTables(tables, families, {t: s.version for t, s in found.items()}, device)
