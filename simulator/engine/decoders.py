@@ -91,6 +91,10 @@ class Decoders:
         block_size = self.block_size
         return not request.reserved_tokens and request.decode_key % block_size == (1 - self.steps) % block_size
 
+    def blocks_needed_by(self, request: Request) -> int:
+        """KV blocks this decoder needs for the next step."""
+        return int(self.needs_block(request))
+
     def next_finish(self) -> int:
         """The step count at which the next decoder emits its last token (a large number if none)."""
         finishing = self._finishing

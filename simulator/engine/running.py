@@ -40,6 +40,7 @@ from simulator.engine.decoders import Decoders
 from simulator.engine.kv import KVBlocks
 from simulator.engine.queues import AdmissionOrder, FcfsQueue, PriorityQueue
 from simulator.engine.request import Request
+from simulator.engine.speculation import Speculation, Verifiers
 from simulator.engine.step import PaddedBatch, PolicyError, Step
 from simulator.engine.steplog import StepLog
 
@@ -53,7 +54,8 @@ class RunningSet:
     preempted back to, and the step log it writes (see the module docstring)."""
 
     def __init__(self, kv: KVBlocks, waiting: FcfsQueue | PriorityQueue, order: AdmissionOrder, log: StepLog,
-                 on_finish: Callable[[Request, float], None] | None = None) -> None:
+                 on_finish: Callable[[Request, float], None] | None = None,
+                 speculation: Speculation | None = None) -> None:
         self.kv = kv
         self.waiting = waiting
         self.order = order
@@ -64,7 +66,12 @@ class RunningSet:
         self.explicit: list[Request] = []
         """The running requests a step names one by one, in admission order (changed in place, never
         replaced: the server's view hands this list out as it is)."""
-        self.decoders = Decoders(kv.block_size)
+        self.speculation = speculation
+        """Speculative decoding (`simulator.engine.speculation`), or None; with it the decoders are:"""
+        self.verifiers = None if speculation is None else Verifiers(kv.block_size, speculation, kv)
+        self.decoders: Decoders = Decoders(kv.block_size) if self.verifiers is None else self.verifiers
+        if speculation is not None:
+            log.spec_accepted.extend([0] * (speculation.num_tokens + 1))
         self.num_running = 0
         """Running requests, a padded batch's finished rows included (kept as they come and go)."""
         self.num_finished = 0
@@ -105,6 +112,12 @@ class RunningSet:
         admissions at `now`. Returns what it computes."""
         rows, admits = self._split(step)
         batch = step.batch
+        speculation = self.speculation
+        if speculation is not None:
+            if batch is not None or self.batch is not None:
+                raise PolicyError("a padded batch cannot speculate: its rows keep the batch's length")
+            # A decoding row verifies k draft tokens beside its own: KV for all k + 1.
+            rows = [(r, n + speculation.num_tokens if r.emitted and r.num_pending == 1 else n) for r, n in rows]
         num_preempted = self.allocate(rows, step.decode and self.decoders.count > 0)
         for request, n in admits:
             self._admit(request, n, batch, now)
@@ -116,11 +129,14 @@ class RunningSet:
                 if not (request.emitted and request.num_pending == 1):  # decode rows register at release
                     kv.register(request, request.computed + n)
         computed = decode = num_decoders
-        for request, n in rows:
-            computed += n
-            if n == 1 and request.emitted and request.num_pending == 1:
-                decode += 1
-        if batch is not None:
+        if speculation is None:
+            for request, n in rows:
+                computed += n
+                if n == 1 and request.emitted and request.num_pending == 1:
+                    decode += 1
+        if speculation is not None:
+            shape, computed, decode = self._verify_shape(rows, num_decoders, speculation.num_tokens)
+        elif batch is not None:
             shape = StepShape.from_rows([(batch.prompt_len, batch.prompt_len)] * len(admits))
             self._start_batch(batch, [request for request, _ in admits])
         elif self.batch is not None and num_decoders:
@@ -131,6 +147,22 @@ class RunningSet:
         self._rows, self._decode = rows, num_decoders > 0
         self._counts = (num_decoders + len(rows), computed - decode, decode, shape.num_tokens - computed, num_preempted)
         return shape
+
+    def _verify_shape(self, rows: Rows, num_decoders: int, k: int) -> tuple[StepShape, int, int]:
+        """A speculative step's shape, tokens computed and decode tokens: the decoders and the
+        decoding rows each verify k draft tokens beside their own (`StepShape.spec_tokens`)."""
+        verify_seqs, verify_context = num_decoders, self.decoders.decode_context if num_decoders else 0
+        others = []
+        computed = num_decoders * (k + 1)
+        for request, n in rows:
+            computed += n
+            if request.emitted and request.num_pending == 1:
+                verify_seqs += 1
+                verify_context += request.computed + n
+            else:
+                others.append((n, request.computed + n))
+        shape = StepShape.from_rows(others, verify_seqs, verify_context, k * verify_seqs)
+        return shape, computed, verify_seqs * (k + 1)
 
     def _split(self, step: Step) -> tuple[Rows, Rows]:
         """The step's running rows and admissions, checked."""
@@ -172,7 +204,7 @@ class RunningSet:
         if not rows:  # a prefill step's admissions are allocated apart; only the decoders grow here
             need = decoders.blocks_needed() if decode else 0
             if need <= kv.num_free:
-                kv.take(need)  # from the free queue's head, evicting cached blocks there
+                self._grow_decoders(need)  # from the free queue's head, evicting cached blocks there
                 return 0
         needs = {r: kv.extra_blocks(r, r.computed + n) for r, n in rows}
         need = (decoders.blocks_needed() if decode else 0) + sum(needs.values())
@@ -182,7 +214,7 @@ class RunningSet:
             while need > kv.num_free:
                 victim = self.order.victim()
                 if victim in decoders.members:
-                    need -= int(decode and decoders.needs_block(victim))
+                    need -= decoders.blocks_needed_by(victim) if decode else 0
                     self._leave(victim)
                 else:
                     self.explicit.remove(victim)
@@ -192,10 +224,18 @@ class RunningSet:
                 num_preempted += 1
             rows[:] = [(r, n) for r, n in rows if r not in dropped]
         if decode:
-            kv.take(decoders.blocks_needed())
+            self._grow_decoders(decoders.blocks_needed())
         for request, n in rows:
             kv.grow(request, request.computed + n)
         return num_preempted
+
+    def _grow_decoders(self, need: int) -> None:
+        """The decoders take the `need` blocks their next step needs: a count for the decoders, each
+        verifier its own (`request.blocks`, which it keeps after the step)."""
+        if self.verifiers is None:
+            self.kv.take(need)
+        elif need:
+            self.verifiers.grow()
 
     def _admit(self, request: Request, n: int, batch: PaddedBatch | None, now: float) -> None:
         try:
@@ -244,13 +284,21 @@ class RunningSet:
         index = self._num_logged
         log, decoders = self.log, self.decoders
         finished: list[Request] = []
-        if self._decode:
+        speculation, verifiers = self.speculation, self.verifiers
+        if self._decode and verifiers is not None:
+            finished = verifiers.run(index, log)
+        elif self._decode:
             decoders.steps += 1
             log.decode_step.append(index)
             finishing = decoders.pop_finished()
             if finishing:
                 finished = [request for _, request in finishing]
         for request, n in self._rows:
+            if speculation is not None and request.emitted and request.num_pending == 1:
+                speculation.verify(request, index, log)
+                if request.emitted == request.output_tokens:
+                    finished.append(request)
+                continue
             request.computed += n
             if request.computed == request.prompt_tokens + request.emitted:
                 request.emitted += 1
@@ -328,6 +376,7 @@ class RunningSet:
         else:
             self.explicit.remove(request)
         request.finish = at
+        request.accepted_draws = None
         self.num_finished += 1
         if self.batch is None:
             self.kv.release(request)

@@ -43,6 +43,7 @@ from simulator.engine.kv import KVBlocks, WaitingWithHits
 from simulator.engine.queues import make_queues
 from simulator.engine.request import Request
 from simulator.engine.running import RunningSet
+from simulator.engine.speculation import Speculation
 from simulator.engine.step import Policy, PolicyError, Step
 from simulator.engine.steplog import StepLog
 from simulator.errors import InputError
@@ -60,7 +61,7 @@ class Server:
 
     def __init__(self, env: Clock, policy: Policy, cost: CostModel, kv: KVBlocks, log: StepLog,
                  time_limit: float | None = None, on_finish: Callable[[Request, float], None] | None = None,
-                 on_step: Callable[[int, float], None] | None = None) -> None:
+                 on_step: Callable[[int, float], None] | None = None, speculation: Speculation | None = None) -> None:
         self.env = env
         self.policy = policy
         self.cost = cost
@@ -69,7 +70,9 @@ class Server:
         self.on_step = on_step
         """Told (requests finished, clock) before every step: a progress bar."""
         waiting, order = make_queues(policy.scheduling)
-        self.running_set = RunningSet(kv, waiting, order, log, on_finish)
+        self.running_set = RunningSet(kv, waiting, order, log, on_finish, speculation)
+        self.speculative = speculation is not None
+        """Speculative decoding: every step is taken alone (its tokens are drawn, no stretch prices them)."""
         # The policy's view reads these three as they are (the rest of it below, as properties);
         # `prefilling` is the running set's list of explicit rows, which it changes in place.
         self.kv = kv
@@ -144,7 +147,7 @@ class Server:
 
     def _serve(self) -> Process:
         on_step, policy, running, kv = self.on_step, self.policy, self.running_set, self.kv
-        decoders, read_hits = running.decoders, kv.read_hits
+        decoders, read_hits, speculative = running.decoders, kv.read_hits, self.speculative
         while True:
             if on_step is not None:
                 on_step(running.num_finished, self.clock)
@@ -153,7 +156,7 @@ class Server:
             decode = step.decode and decoders.count > 0
             if not step.tokens and not decode:
                 yield from self._sleep(step.wake_at)
-            elif not step.tokens and decoders.blocks_needed() <= kv.num_free:
+            elif not step.tokens and not speculative and decoders.blocks_needed() <= kv.num_free:
                 yield from self._decode(step.wake_at)
             else:
                 yield from self._step(step)

@@ -123,6 +123,12 @@ class Policy(Protocol):
         every prompt whole (a padded batch, each row as long as the longest) says no, and the run
         then keeps no prefix cache."""
 
+    @property
+    def speculates(self) -> bool:
+        """May its decoders verify draft tokens, advancing by several tokens a step (speculative
+        decoding, `simulator.engine.speculation`)? A padded batch, whose rows keep the batch's length,
+        says no, and a run refuses speculative decoding with it."""
+
     def __call__(self, view: View) -> Step: ...
 
     def max_step_tokens(self, longest_prompt: int) -> int:
