@@ -62,12 +62,16 @@ def kv_cache_blocks(config: RunConfig, model: ModelSpec, gpu: GpuSpec, longest_p
 def check_fits(workload: Workload, config: RunConfig, model: ModelSpec, kv_blocks: int) -> None:
     """Reject requests no server of this size could ever run, before any output is written."""
     lengths = workload.prompt_tokens + workload.output_tokens
-    longest = int(np.argmax(lengths))
+    # A verify step holds KV for k + 1 tokens past its context: the last one, for prompt + output + k - 1.
+    slots = np.where(workload.output_tokens > 1, config.num_speculative_tokens - 1, 0) \
+        if config.num_speculative_tokens else np.zeros_like(lengths)
+    longest = int(np.argmax(lengths + slots))
     capacity = kv_blocks * config.block_size
-    if lengths[longest] > capacity:
-        raise InputError(f"{workload.describe(longest)} needs {lengths[longest]} tokens of KV cache "
-                         f"({workload.prompt_tokens[longest]} prompt + {workload.output_tokens[longest]} output); "
-                         f"the GPU holds {capacity} ({kv_blocks} blocks of {config.block_size})")
+    if lengths[longest] + slots[longest] > capacity:
+        drafts = f" + {slots[longest]} for the draft tokens verified in its last step" if slots[longest] else ""
+        raise InputError(f"{workload.describe(longest)} needs {lengths[longest] + slots[longest]} tokens of KV cache "
+                         f"({workload.prompt_tokens[longest]} prompt + {workload.output_tokens[longest]} output"
+                         f"{drafts}); the GPU holds {capacity} ({kv_blocks} blocks of {config.block_size})")
     if config.max_model_len is not None and config.max_model_len > model.max_model_len:
         raise InputError(f"--max-model-len {config.max_model_len} is past {model.name}'s {model.max_model_len} tokens")
     if lengths[longest] > (config.max_model_len or model.max_model_len):
