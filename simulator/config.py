@@ -114,7 +114,8 @@ class RunConfig:
     speculative_method: str | None = None
     """How each decode step's draft tokens are proposed: ngram, eagle, draft or mtp (None: no speculation)."""
     num_speculative_tokens: int | None = None
-    """k: draft tokens per decode step, verified in one pass of k + 1 tokens per sequence."""
+    """k: draft tokens per decode step, verified in one pass of k + 1 tokens per sequence; 0 drafts
+    nothing (the run without speculation, a sweep's baseline row)."""
     spec_acceptance: str | None = None
     """Probability that a draft position is accepted given the positions before it were: one number
     for every position, or k separated by commas."""
@@ -183,6 +184,11 @@ class RunConfig:
         if is_fleet(self):
             raise InputError(f"--speculative-method {method} runs on one server (drop --num-replicas, or "
                              "--prefill-replicas and --decode-replicas)")
+
+    @property
+    def speculates(self) -> bool:
+        """Does every decode step draft tokens (a method, and k above 0)?"""
+        return self.speculative_method is not None and bool(self.num_speculative_tokens)
 
     def _check_load(self) -> None:
         """A finite --rate with --concurrency caps an open loop; sessions pace their own turns, take no cap."""

@@ -126,6 +126,6 @@ RANGES: dict[str, Range] = {
     "kv_transfer_bandwidth": Range(float, 1e-3, 1e6, "GB/s"),
     "kv_transfer_latency": _seconds(),
     "time_limit": _seconds(low_open=True),
-    "num_speculative_tokens": Range(int, 1, MAX_DRAFT_TOKENS, "tokens"),
+    "num_speculative_tokens": Range(int, 0, MAX_DRAFT_TOKENS, "tokens"),
 }
 """Every number-valued setting's range, checked for the command line, sweep files and `RunConfig` (None is not)."""

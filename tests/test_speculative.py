@@ -100,6 +100,16 @@ def test_draws_do_not_depend_on_batching() -> None:
     assert len({tuple(steps) for steps in alone.values()}) > 1  # and the requests' streams differ
 
 
+def test_zero_draft_tokens_is_the_run_without_speculation() -> None:
+    """k = 0 (a sweep's baseline row) drafts nothing: the tables of the run without it."""
+    plain = RunConfig(policy="chunked", rate=12.0, num_requests=100, input_len=500, output_len=80)
+    without = build_tables(simulate(plain))
+    with_zero = build_tables(simulate(replace(plain, speculative_method="eagle", num_speculative_tokens=0,
+                                              spec_acceptance="0.7")))
+    for name in ("requests", "tokens", "steps"):
+        assert getattr(with_zero, name).equals(getattr(without, name)), name
+
+
 def tpot(config: RunConfig) -> float:
     result = simulate(config)
     return float(build_tables(result, tokens=False).requests["tpot"][0])
@@ -163,8 +173,8 @@ def test_mtp_drafts_with_one_layer_of_the_model() -> None:
 
 @pytest.mark.parametrize(("settings", "message"), [
     (dict(policy="static"), "does not apply to --policy static"),
-    (dict(num_speculative_tokens=0), "--num-speculative-tokens must be an integer in [1, 32] tokens, got 0"),
-    (dict(num_speculative_tokens=33), "--num-speculative-tokens must be an integer in [1, 32] tokens, got 33"),
+    (dict(num_speculative_tokens=-1), "--num-speculative-tokens must be an integer in [0, 32] tokens, got -1"),
+    (dict(num_speculative_tokens=33), "--num-speculative-tokens must be an integer in [0, 32] tokens, got 33"),
     (dict(spec_acceptance="1.2"), "--spec-acceptance 1.2 is not a probability in [0, 1]"),
     (dict(spec_acceptance="0.5,0.5"), "gives 2 probabilities for --num-speculative-tokens 4"),
     (dict(spec_acceptance="high"), "--spec-acceptance takes probabilities separated by commas, got 'high'"),

@@ -93,7 +93,8 @@ def speculative_options(command: F) -> F:
                 help="Speculative decoding: each decode step drafts --num-speculative-tokens tokens (ngram: a "
                      "lookup on the host; eagle: a one-layer head; mtp: the model's MTP layer; draft: "
                      "--draft-model) and verifies them in one pass [default: none].", show_default=False),
-        setting("num_speculative_tokens", help="Draft tokens per decode step (k); a step emits 1 to k + 1 tokens."),
+        setting("num_speculative_tokens", help="Draft tokens per decode step (k); a step emits 1 to k + 1 tokens "
+                                               "(0: none, the run without speculation)."),
         setting("spec_acceptance", help="Probability that a draft token is accepted given the ones before it were: "
                                         "one for every position, or k separated by commas (e.g. 0.8,0.6,0.5)."),
         setting("draft_model", help="The draft model of --speculative-method draft (a built-in name or a "

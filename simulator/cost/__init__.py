@@ -64,9 +64,8 @@ def build_cost_model(config: CostSettings, model: ModelSpec, gpu: GpuSpec) -> Co
     measured kernels from its profile, or the roofline (all-reduces measured where the profile has
     collectives); under speculative decoding, with its drafter's passes (`SpeculativeCost`)."""
     target = _cost_model(config, model, gpu)
-    if config.speculative_method is None:
+    if config.speculative_method is None or not config.num_speculative_tokens:  # k = 0 drafts nothing
         return target
-    assert config.num_speculative_tokens is not None, "RunConfig asks for it"
     drafter = draft_model(config.speculative_method, model, config.draft_model)
     draft = None
     if drafter is not None:  # its passes run inside the step: no host overhead of their own

@@ -66,7 +66,7 @@ def _lengths_and_arrivals(config: RunConfig) -> Workload:
 def build_speculation(config: RunConfig) -> Speculation | None:
     """The run's speculative decoding (`simulator.engine.speculation`), or None: k draft tokens,
     one acceptance probability per position (a single one stands for every position), the run's seed."""
-    if config.speculative_method is None:
+    if not config.speculates:
         return None
     assert config.num_speculative_tokens is not None and config.spec_acceptance is not None, "RunConfig checked"
     k = config.num_speculative_tokens

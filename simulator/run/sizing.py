@@ -38,12 +38,11 @@ def kv_cache_blocks(config: RunConfig, model: ModelSpec, gpu: GpuSpec, longest_p
     shard = gpu_shard(config, model)
     check_weights_fit(shard, config.tensor_parallel_size, gpu.memory_bytes, config.gpu_memory_utilization)
     weight_bytes, kv_bytes_per_token = shard.weight_bytes, shard.kv_bytes_per_token
-    drafter = None if config.speculative_method is None else draft_model(config.speculative_method, model,
-                                                                            config.draft_model)
-    if drafter is not None:  # beside the target: its weights, and its KV in the same blocks
-        assert config.speculative_method is not None
+    method = config.speculative_method if config.speculates else None
+    drafter = None if method is None else draft_model(method, model, config.draft_model)
+    if method is not None and drafter is not None:  # beside the target: its weights, and its KV in the same blocks
         draft = gpu_shard(config, drafter)
-        draft_bytes = draft_weight_bytes(config.speculative_method, draft)
+        draft_bytes = draft_weight_bytes(method, draft)
         usable = gpu.memory_bytes * config.gpu_memory_utilization
         if weight_bytes + draft_bytes >= usable:
             raise InputError(f"the drafter {draft.name} ({draft_bytes / 1e9:.1f} GB per GPU) does not fit beside "
