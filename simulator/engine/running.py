@@ -2,7 +2,8 @@
 
 A running request is an explicit row, which a step names with its tokens (a request with prompt, or
 recomputation, left), or one of the decoders (`simulator.engine.decoders`), which need one token per
-step and run as one, never walked. While a padded batch runs (`Step.batch`), each of its members'
+step and run as one, never walked (under speculative decoding, verifiers walked every step:
+`simulator.engine.speculation`). While a padded batch runs (`Step.batch`), each of its members'
 rows is computed at the batch's prompt length, finished members' as padding, until the last one
 finishes. The server changes the running set only through these methods, a step at a time:
 
@@ -66,8 +67,7 @@ class RunningSet:
         self.explicit: list[Request] = []
         """The running requests a step names one by one, in admission order (changed in place, never
         replaced: the server's view hands this list out as it is)."""
-        self.speculation = speculation
-        """Speculative decoding (`simulator.engine.speculation`), or None; with it the decoders are:"""
+        self.speculation = speculation  # or None; with it, the decoders are verifiers
         self.verifiers = None if speculation is None else Verifiers(kv.block_size, speculation, kv)
         self.decoders: Decoders = Decoders(kv.block_size) if self.verifiers is None else self.verifiers
         if speculation is not None:
@@ -112,12 +112,11 @@ class RunningSet:
         admissions at `now`. Returns what it computes."""
         rows, admits = self._split(step)
         batch = step.batch
-        speculation = self.speculation
-        if speculation is not None:
+        verifiers = self.verifiers
+        if verifiers is not None:
             if batch is not None or self.batch is not None:
                 raise PolicyError("a padded batch cannot speculate: its rows keep the batch's length")
-            # A decoding row verifies k draft tokens beside its own: KV for all k + 1.
-            rows = [(r, n + speculation.num_tokens if r.emitted and r.num_pending == 1 else n) for r, n in rows]
+            rows = verifiers.with_drafts(rows)
         num_preempted = self.allocate(rows, step.decode and self.decoders.count > 0)
         for request, n in admits:
             self._admit(request, n, batch, now)
@@ -129,13 +128,13 @@ class RunningSet:
                 if not (request.emitted and request.num_pending == 1):  # decode rows register at release
                     kv.register(request, request.computed + n)
         computed = decode = num_decoders
-        if speculation is None:
+        if verifiers is None:
             for request, n in rows:
                 computed += n
                 if n == 1 and request.emitted and request.num_pending == 1:
                     decode += 1
-        if speculation is not None:
-            shape, computed, decode = self._verify_shape(rows, num_decoders, speculation.num_tokens)
+        if verifiers is not None:
+            shape, computed, decode = verifiers.step_shape(rows, num_decoders)
         elif batch is not None:
             shape = StepShape.from_rows([(batch.prompt_len, batch.prompt_len)] * len(admits))
             self._start_batch(batch, [request for request, _ in admits])
@@ -147,22 +146,6 @@ class RunningSet:
         self._rows, self._decode = rows, num_decoders > 0
         self._counts = (num_decoders + len(rows), computed - decode, decode, shape.num_tokens - computed, num_preempted)
         return shape
-
-    def _verify_shape(self, rows: Rows, num_decoders: int, k: int) -> tuple[StepShape, int, int]:
-        """A speculative step's shape, tokens computed and decode tokens: the decoders and the
-        decoding rows each verify k draft tokens beside their own (`StepShape.spec_tokens`)."""
-        verify_seqs, verify_context = num_decoders, self.decoders.decode_context if num_decoders else 0
-        others = []
-        computed = num_decoders * (k + 1)
-        for request, n in rows:
-            computed += n
-            if request.emitted and request.num_pending == 1:
-                verify_seqs += 1
-                verify_context += request.computed + n
-            else:
-                others.append((n, request.computed + n))
-        shape = StepShape.from_rows(others, verify_seqs, verify_context, k * verify_seqs)
-        return shape, computed, verify_seqs * (k + 1)
 
     def _split(self, step: Step) -> tuple[Rows, Rows]:
         """The step's running rows and admissions, checked."""
@@ -204,7 +187,7 @@ class RunningSet:
         if not rows:  # a prefill step's admissions are allocated apart; only the decoders grow here
             need = decoders.blocks_needed() if decode else 0
             if need <= kv.num_free:
-                self._grow_decoders(need)  # from the free queue's head, evicting cached blocks there
+                decoders.take_blocks(kv, need)  # from the free queue's head, evicting cached blocks there
                 return 0
         needs = {r: kv.extra_blocks(r, r.computed + n) for r, n in rows}
         need = (decoders.blocks_needed() if decode else 0) + sum(needs.values())
@@ -224,18 +207,10 @@ class RunningSet:
                 num_preempted += 1
             rows[:] = [(r, n) for r, n in rows if r not in dropped]
         if decode:
-            self._grow_decoders(decoders.blocks_needed())
+            decoders.take_blocks(kv, decoders.blocks_needed())
         for request, n in rows:
             kv.grow(request, request.computed + n)
         return num_preempted
-
-    def _grow_decoders(self, need: int) -> None:
-        """The decoders take the `need` blocks their next step needs: a count for the decoders, each
-        verifier its own (`request.blocks`, which it keeps after the step)."""
-        if self.verifiers is None:
-            self.kv.take(need)
-        elif need:
-            self.verifiers.grow()
 
     def _admit(self, request: Request, n: int, batch: PaddedBatch | None, now: float) -> None:
         try:

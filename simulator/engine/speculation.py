@@ -38,6 +38,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from simulator.cost import StepShape
 from simulator.engine.decoders import Decoders
 from simulator.engine.kv import KVBlocks
 from simulator.engine.request import Request
@@ -132,11 +133,37 @@ class Verifiers(Decoders):
     def blocks_needed_by(self, request: Request) -> int:
         return self.kv.extra_blocks(request, request.computed + self.lookahead)
 
-    def grow(self) -> None:
-        """Every verifier takes the blocks its next step's k + 1 tokens need."""
-        kv, lookahead = self.kv, self.lookahead
-        for request in self.members:
-            kv.grow(request, request.computed + lookahead)
+    def take_blocks(self, kv: KVBlocks, need: int) -> None:
+        """Every verifier takes the blocks its next step's k + 1 tokens need (`need` in all), as its
+        own (`request.blocks`), and keeps them after the step."""
+        if need:
+            lookahead = self.lookahead
+            for request in self.members:
+                kv.grow(request, request.computed + lookahead)
+
+    def with_drafts(self, rows: list[tuple[Request, int]]) -> list[tuple[Request, int]]:
+        """A step's explicit rows, each decoding row (a decoder a policy named after
+        `view.running()`) given its k draft tokens beside its own: KV for all k + 1."""
+        k = self.speculation.num_tokens
+        return [(r, n + k if r.emitted and r.num_pending == 1 else n) for r, n in rows]
+
+    def step_shape(self, rows: list[tuple[Request, int]], num_decoders: int) -> tuple[StepShape, int, int]:
+        """A speculative step's shape, tokens computed and decode tokens, from its explicit rows
+        (`with_drafts`) and, with `num_decoders`, the verifiers: each decoding row verifies k draft
+        tokens beside its own (`StepShape.spec_tokens`)."""
+        k = self.speculation.num_tokens
+        verify_seqs, verify_context = num_decoders, self.decode_context if num_decoders else 0
+        others = []
+        computed = num_decoders * (k + 1)
+        for request, n in rows:
+            computed += n
+            if request.emitted and request.num_pending == 1:
+                verify_seqs += 1
+                verify_context += request.computed + n
+            else:
+                others.append((n, request.computed + n))
+        shape = StepShape.from_rows(others, verify_seqs, verify_context, k * verify_seqs)
+        return shape, computed, verify_seqs * (k + 1)
 
     def run(self, index: int, log: StepLog) -> list[Request]:
         """Every verifier's verify step, logged as step `index`; returns those it finished."""
