@@ -222,3 +222,21 @@ def test_the_printed_summary_and_summary_json_carry_vllms_metrics(tmp_path: Path
     assert "40 drafts, 80 draft tokens, 40 accepted" in out and "50.0%" in out and "1.000, 0.000" in out
     steps = pl.read_parquet(tmp_path / "run" / "tokens.parquet").group_by("request_id", "time").len()
     assert np.array_equal(np.sort(steps["len"].unique().to_numpy()), [1, 2])
+
+
+def test_speculation_settings_are_sweep_axes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A sweep over method and k: the k = 0 rows are the run without speculation (no drafts, one
+    TPOT for both methods), and an EAGLE head's passes make its steps longer than n-gram lookups."""
+    out = tmp_path / "sweep.parquet"
+    codes: list[int] = []
+    simulate_cli(["sweep", "--speculative-method", "ngram,eagle", "--num-speculative-tokens", "0,3",
+                  "--spec-acceptance", "0.7", "--concurrency", "4", "--num-requests", "12", "--input-len", "300",
+                  "--output-len", "60", "--jobs", "1", "--out", str(out)], exit=codes.append)
+    capsys.readouterr()
+    assert codes == [0]
+    rows = {(r["speculative_method"], r["num_speculative_tokens"]): r
+            for r in pl.read_parquet(out).iter_rows(named=True)}
+    assert len(rows) == 4 and all(row["error"] is None for row in rows.values())
+    assert rows[("ngram", 0)]["spec_num_drafts"] is None and rows[("ngram", 3)]["spec_num_drafts"] > 0
+    assert rows[("ngram", 0)]["mean_tpot"] == rows[("eagle", 0)]["mean_tpot"]
+    assert rows[("ngram", 3)]["mean_tpot"] < rows[("eagle", 3)]["mean_tpot"] < rows[("eagle", 0)]["mean_tpot"]

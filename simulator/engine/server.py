@@ -18,7 +18,8 @@ It waits on the SimPy clock for the step's end only when something could see it:
 event before that end. Otherwise the step is carried out without a timeout at all, the server's
 clock ahead of SimPy's (the clock's next event is later, so nothing could see it).
 
-A decode-only step (only the decoders, nothing admitted or preempted) is priced for the k steps it
+Under speculative decoding (`simulator.engine.speculation`) every step is taken as a general one.
+Otherwise a decode-only step (only the decoders, nothing admitted or preempted) is priced for the k steps it
 repeats until the next event (`simulator.engine.stretch`): a finish, a KV shortfall, the eviction
 of part of a prefix-cache hit the policy read, the time limit, or the next event that could see it
 (`horizon`: the clock's next event, an arrival; in a fleet the next arrival only, since other

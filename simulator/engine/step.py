@@ -22,7 +22,8 @@ its registry):
   the engine takes what is still cached of it.
 - `view.prefilling` lists the running requests with prompt (or recomputation) left, in admission
   order; each may be given up to `request.num_pending` tokens.
-- `Step(decode=True)` runs every decoder for one token. When the order of the running set matters
+- `Step(decode=True)` runs every decoder for one token (under speculative decoding, one verify step
+  of 1 to k + 1 tokens, `simulator.engine.speculation`). When the order of the running set matters
   (a token budget that runs out among running requests), `view.running()` hands over the whole
   running set in admission order (O(batch)); the policy then names every request that computes,
   decoders with 1 token, and leaves `decode` False.
