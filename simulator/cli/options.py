@@ -94,11 +94,12 @@ def speculative_options(command: F) -> F:
                      "lookup on the host; eagle: a one-layer head; mtp: the model's MTP layer; draft: "
                      "--draft-model) and verifies them in one pass [default: none].", show_default=False),
         setting("num_speculative_tokens", help="Draft tokens per decode step (k); a step emits 1 to k + 1 tokens "
-                                               "(0: none, the run without speculation)."),
+                                               "(0: none, the run without speculation) [default: none]."),
         setting("spec_acceptance", help="Probability that a draft token is accepted given the ones before it were: "
-                                        "one for every position, or k separated by commas (e.g. 0.8,0.6,0.5)."),
+                                        "one for every position, or k separated by commas (e.g. 0.8,0.6,0.5) "
+                                        "[default: none]."),
         setting("draft_model", help="The draft model of --speculative-method draft (a built-in name or a "
-                                    "config.json sharing the model's vocabulary)."),
+                                    "config.json sharing the model's vocabulary) [default: none]."),
     )):
         command = option(command)
     return command
