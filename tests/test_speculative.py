@@ -55,6 +55,20 @@ def test_acceptance_one_emits_k_plus_one_tokens_every_step() -> None:
     assert summary["spec_acceptance_per_position"] == [1.0] * 4
 
 
+def test_itl_is_timed_per_streamed_chunk() -> None:
+    """vllm bench serve times a gap per chunk, and a step's tokens arrive as one: ITL is the gaps
+    between a request's distinct token times, none of them 0."""
+    result = simulate(speculative(output_len=103, spec_acceptance="0.6"))
+    tables = build_tables(result)
+    summary = summarize(result, tables)
+    gaps = (tables.tokens.select("request_id", "time").unique().sort("request_id", "time")
+            .group_by("request_id", maintain_order=True).agg(pl.col("time").diff().drop_nulls())
+            .explode("time")["time"].to_numpy())
+    assert len(gaps) < 8 * 102 and gaps.min() > 0
+    assert summary["mean_itl"] == pytest.approx(gaps.mean(), rel=1e-12)
+    assert summary["p99_itl"] == pytest.approx(np.percentile(gaps, 99), rel=1e-12)
+
+
 def test_acceptance_zero_emits_one_token_every_step() -> None:
     per_request, summary = tokens_per_step(speculative(output_len=40, spec_acceptance="0"))
     assert per_request == {i: [1] * 40 for i in range(8)}

@@ -122,10 +122,11 @@ def describe(values: np.ndarray, percentiles: tuple[float, ...]) -> dict[str, fl
 
 
 def inter_token_latencies(tokens: pl.DataFrame) -> np.ndarray:
-    """Gaps between consecutive tokens of each request, from a tokens table sorted by request and index."""
+    """Gaps between consecutive tokens of each request, from a tokens table sorted by request and
+    index; tokens of one step (speculative decoding) are one chunk of the stream, with no gap between."""
     request_ids = tokens["request_id"].to_numpy()
     times = tokens["time"].to_numpy()
-    same = request_ids[1:] == request_ids[:-1]
+    same = (request_ids[1:] == request_ids[:-1]) & (times[1:] != times[:-1])
     return (times[1:] - times[:-1])[same]
 
 
