@@ -210,6 +210,7 @@ def test_bad_settings_are_refused_in_one_line(settings: dict[str, Any], message:
     (dict(model="llama-3.1-8b", speculative_method="mtp"), "llama-3.1-8b has none"),
     (dict(speculative_method="draft", draft_model="tiny"), "has a vocabulary of 1024 tokens"),
     (dict(speculative_method="draft", draft_model="llama-3.1-70b"), "does not fit beside llama-3.1-8b"),
+    (dict(speculative_method="draft", draft_model="llama-9"), "--draft-model: unknown model 'llama-9'"),
 ])
 def test_drafters_that_cannot_run_are_refused_before_the_run(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                                              settings: dict[str, Any], message: str) -> None:

@@ -182,7 +182,10 @@ def draft_model(method: str, target: ModelSpec, draft: str | None) -> ModelSpec 
         return None
     if method == "draft":
         assert draft is not None, "RunConfig asks for a --draft-model"
-        drafter = load_model(draft)
+        try:
+            drafter = load_model(draft)
+        except InputError as exc:
+            raise InputError(f"--draft-model: {exc}") from None
         if drafter.vocab_size != target.vocab_size:
             raise InputError(f"--draft-model {drafter.name} has a vocabulary of {drafter.vocab_size} tokens, "
                              f"{target.name} one of {target.vocab_size}: a draft model shares its target's tokenizer")
