@@ -27,6 +27,7 @@ COMPILED = [
     "simulator/engine/request.py",
     "simulator/engine/running.py",
     "simulator/engine/server.py",
+    "simulator/engine/speculation.py",
     "simulator/engine/step.py",
     "simulator/engine/steplog.py",
     "simulator/engine/stretch.py",

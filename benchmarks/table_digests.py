@@ -46,6 +46,8 @@ CASES: dict[str, list[str]] = {
     "pd-pools": ["--policy", "chunked", "--rate", "20", "--prefill-replicas", "1", "--decode-replicas", "2", *SMALL],
     "time-limited": ["--policy", "continuous", "--rate", "30", "--time-limit", "20", *SMALL],
     "kv-pressure": ["--policy", "continuous", "--rate", "20", "--num-gpu-blocks-override", "600", *SMALL],
+    "speculative": ["--policy", "chunked", "--rate", "20", "--num-gpu-blocks-override", "600", "--speculative-method",
+                    "eagle", "--num-speculative-tokens", "3", "--spec-acceptance", "0.8,0.6,0.5", *SMALL],
 }
 COMPARE = ["compare", str(SERVING / "aiconfigurator_silicon_vllm.csv")]
 

@@ -28,6 +28,7 @@ class ChunkedPrefill:
     long_prefill_token_threshold: int = 0
     scheduling: Scheduling = "fcfs"
     prefix_hits: bool = True
+    speculates: bool = True
 
     def _chunk(self, request: Request, budget: int) -> int:
         n = request.num_pending

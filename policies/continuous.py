@@ -26,6 +26,7 @@ class ContinuousBatching:
     max_num_batched_tokens: int
     scheduling: Scheduling = "fcfs"
     prefix_hits: bool = True
+    speculates: bool = True
 
     def __call__(self, view: View) -> Step:
         prefill: dict[Request, int] = {}

@@ -26,6 +26,7 @@ class StaticBatching:
     max_queue_delay: float
     scheduling: Scheduling = "fcfs"
     prefix_hits: bool = False  # every row is computed padded to the longest prompt, whole
+    speculates: bool = False  # its rows keep the batch's length, a token a step
 
     def __call__(self, view: View) -> Step:
         if view.num_running:

@@ -28,6 +28,9 @@ from simulator.ranges import (
 from workloads.lengths import parse_length_dist
 
 GOODPUT_METRICS = ("ttft", "tpot", "e2el")
+SPECULATIVE_METHODS = ("ngram", "eagle", "draft", "mtp")
+SPECULATION_SETTINGS = ("num_speculative_tokens", "spec_acceptance", "draft_model")
+"""Settings that apply only with a --speculative-method."""
 # Settings that shape a synthetic workload; a trace replays its own arrivals and lengths instead.
 SYNTHETIC_SETTINGS = ("rate", "burstiness", "concurrency", "duration", "input_len", "output_len", "input_len_dist",
                       "output_len_dist", "prefix_len", "num_prefixes", "num_turns", "think_time", "num_dataset_entries")
@@ -107,6 +110,17 @@ class RunConfig:
     """GB/s of the link a prefilled request's KV crosses, per GPU (None: the GPU profile's NVLink)."""
     kv_transfer_latency: float | None = None
     """Seconds of fixed time per KV transfer (None: the GPU profile's interconnect latency)."""
+    # Speculative decoding (simulator.engine.speculation), as vLLM's --speculative-config.
+    speculative_method: str | None = None
+    """How each decode step's draft tokens are proposed: ngram, eagle, draft or mtp (None: no speculation)."""
+    num_speculative_tokens: int | None = None
+    """k: draft tokens per decode step, verified in one pass of k + 1 tokens per sequence; 0 drafts
+    nothing (the run without speculation, a sweep's baseline row)."""
+    spec_acceptance: str | None = None
+    """Probability that a draft position is accepted given the positions before it were: one number
+    for every position, or k separated by commas."""
+    draft_model: str | None = None
+    """The draft model of `speculative_method` draft: a built-in name or a config.json."""
     time_limit: float | None = None
     """Stop the simulated clock here; requests still in flight are reported unfinished."""
     # Metrics.
@@ -125,6 +139,7 @@ class RunConfig:
             raise InputError(f"--num-prefixes {self.num_prefixes} needs --prefix-len (the shared prefixes' length)")
         self._check_turns()
         check_fleet(self)
+        self._check_speculation()
         build_policy(self)  # the policy's name, and what that policy refuses of these settings
         self._check_workload_source()
         if self.trace is None:
@@ -142,6 +157,38 @@ class RunConfig:
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
             raise InputError(f"unknown --kv-cache-dtype {quote(self.kv_cache_dtype)} "
                              f"(choose from {', '.join(KV_CACHE_DTYPES)})")
+
+    def _check_speculation(self) -> None:
+        method, k = self.speculative_method, self.num_speculative_tokens
+        if method is None:
+            for name in SPECULATION_SETTINGS:
+                if getattr(self, name) is not None:
+                    raise InputError(f"{flag(name)} applies only with --speculative-method")
+            return
+        if method not in SPECULATIVE_METHODS:
+            raise InputError(f"unknown --speculative-method {quote(method)} "
+                             f"(choose from {', '.join(SPECULATIVE_METHODS)})")
+        if k is None:
+            raise InputError(f"--speculative-method {method} needs --num-speculative-tokens (draft tokens per step)")
+        if self.spec_acceptance is None:
+            raise InputError(f"--speculative-method {method} needs --spec-acceptance (the probability that a draft "
+                             "token is accepted, per position)")
+        spec_acceptance(self.spec_acceptance, k)
+        if method == "draft" and self.draft_model is None:
+            raise InputError("--speculative-method draft needs --draft-model (the model that drafts)")
+        if method != "draft" and self.draft_model is not None:
+            raise InputError(f"--draft-model applies only to --speculative-method draft, not {method}")
+        if not build_policy(self).speculates:
+            raise InputError(f"--speculative-method {method} does not apply to --policy {self.policy}: its padded "
+                             "batch advances every row a token a step")
+        if is_fleet(self):
+            raise InputError(f"--speculative-method {method} runs on one server (drop --num-replicas, or "
+                             "--prefill-replicas and --decode-replicas)")
+
+    @property
+    def speculates(self) -> bool:
+        """Does every decode step draft tokens (a method, and k above 0)?"""
+        return self.speculative_method is not None and bool(self.num_speculative_tokens)
 
     def _check_load(self) -> None:
         """A finite --rate with --concurrency caps an open loop; sessions pace their own turns, take no cap."""
@@ -239,6 +286,23 @@ class RunConfig:
 
 
 DEFAULTS: dict[str, Any] = {f.name: f.default for f in fields(RunConfig)}
+
+
+def spec_acceptance(text: str, num_tokens: int) -> tuple[float, ...]:
+    """`--spec-acceptance`: one probability for all `num_tokens` positions, or one per position."""
+    try:
+        values = tuple(float(p) for p in text.split(","))
+    except ValueError:
+        raise InputError(f"--spec-acceptance takes probabilities separated by commas, got {quote(text)}") from None
+    if len(values) == 1:
+        values *= num_tokens
+    if len(values) != num_tokens:
+        raise InputError(f"--spec-acceptance gives {len(values)} probabilities for --num-speculative-tokens "
+                         f"{num_tokens} (give one, or one per position)")
+    for value in values:
+        if not 0 <= value <= 1:
+            raise InputError(f"--spec-acceptance {value:g} is not a probability in [0, 1]")
+    return values
 
 
 def parse_percentiles(text: str) -> tuple[float, ...]:

@@ -21,6 +21,8 @@ MAX_GPUS = 1024
 """GPUs one server's tensor parallelism spans: past any NVLink domain."""
 MAX_SERVERS = 10**5
 """Replicas of a fleet, or servers of a pool: as many GPUs as the largest clusters hold."""
+MAX_DRAFT_TOKENS = 32
+"""Draft tokens one speculative step verifies: EAGLE trees and n-gram lookups propose far fewer."""
 QUOTED_CHARACTERS = 80
 """A message quotes at most this much of a bad value."""
 
@@ -124,5 +126,6 @@ RANGES: dict[str, Range] = {
     "kv_transfer_bandwidth": Range(float, 1e-3, 1e6, "GB/s"),
     "kv_transfer_latency": _seconds(),
     "time_limit": _seconds(low_open=True),
+    "num_speculative_tokens": Range(int, 0, MAX_DRAFT_TOKENS, "tokens"),
 }
 """Every number-valued setting's range, checked for the command line, sweep files and `RunConfig` (None is not)."""

@@ -11,11 +11,18 @@ With prefix caching every waiting request is looked up before every step; the ro
 taken from the free queue once the step's victims are known (a row preempted later in the walk
 never took any), then the admissions take their hits and blocks, then the step's prefill rows
 register their full blocks.
+
+With speculative decoding every decoding row grows its KV for k + 1 tokens and is priced as a
+single-token row verifying k draft tokens; at the step's end it draws its verify step's uniform
+afresh from its own stream (the j-th of `SeedSequence(seed, spawn_key=(6, id))`), accepts the
+draft tokens whose cumulative acceptance exceeds it and emits them and one more, at most what its
+output has left.
 """
 
 from __future__ import annotations
 
 import math
+from array import array
 from collections.abc import Callable, Generator, Sequence
 from typing import Any
 
@@ -27,6 +34,7 @@ from simulator.cost import CostModel, StepShape
 from simulator.engine.kv import KVBlocks
 from simulator.engine.request import Request, RequestColumns
 from simulator.engine.server import PolicyStalledError
+from simulator.engine.speculation import Speculation
 from simulator.engine.step import Policy, PolicyError, Step
 from simulator.engine.steplog import StepLog
 from simulator.fleet.engine import FleetResult, Pool, merge_logs
@@ -76,13 +84,19 @@ class Waiting:
 
 class OracleServer:
     def __init__(self, env: simpy.Environment, policy: Policy, cost: CostModel, kv: KVBlocks,
-                 on_finish: Callable[[Request, float], None] | None = None) -> None:
+                 on_finish: Callable[[Request, float], None] | None = None,
+                 speculation: Speculation | None = None) -> None:
         self.env, self.policy, self.cost, self.kv, self.on_finish = env, policy, cost, kv, on_finish
+        self.draft_tokens = 0 if speculation is None else speculation.num_tokens
+        self.speculation = speculation
+        self.verify_steps: dict[int, int] = {}
         self.waiting = Waiting(policy.scheduling == "priority")
         self.run_list: list[Request] = []  # admission order; a padded batch's finished rows stay
         self.batch: list[Request] | None = None
         self.batch_prompt = 0
         self.log = StepLog()
+        if speculation is not None:
+            self.log.spec_accepted = array("q", [0] * (speculation.num_tokens + 1))
         self._wakeup = simpy.Store(env)
         self._sleeping = False
         self.priority = NORMAL
@@ -103,7 +117,7 @@ class OracleServer:
 
     @property
     def decode_blocks(self) -> int:
-        return sum(self.kv.extra_blocks(r, r.computed + 1) for r in self.run_list
+        return sum(self.kv.extra_blocks(r, r.computed + 1 + self.draft_tokens) for r in self.run_list
                    if r.is_decoding and not r.is_finished and not r.reserved_tokens)
 
     @property
@@ -131,6 +145,7 @@ class OracleServer:
             step = self.policy(self)
             rows = [(r, 1 if r.is_decoding and step.decode else step.tokens[r]) for r in self.run_list
                     if (step.decode and r.is_decoding and not r.is_finished) or r in step.tokens]
+            rows = [(r, n + self.draft_tokens if r.is_decoding else n) for r, n in rows]
             admits = [(r, n) for r, n in step.tokens.items() if r not in self.run_list]
             if not rows and not admits:
                 if step.wake_at is None and (self.waiting.items or self.run_list):
@@ -164,6 +179,10 @@ class OracleServer:
                 live = [r for r in self.batch if not r.is_finished]
                 position = self.batch_prompt + live[0].emitted
                 shape = StepShape.from_rows([(1, position)] * len(self.batch))
+            elif self.speculation is not None:
+                verify = [r.computed + n for r, n in all_rows if r.is_decoding]
+                shape = StepShape.from_rows([(n, r.computed + n) for r, n in all_rows if not r.is_decoding],
+                                            len(verify), sum(verify), self.draft_tokens * len(verify))
             else:
                 shape = StepShape.from_rows([(n, r.computed + n) for r, n in all_rows])
             start = self.env.now
@@ -226,8 +245,11 @@ class OracleServer:
                  num_preempted: int) -> None:
         now, log = self.env.now, self.log
         index = len(log)
-        decode = sum(1 for r, _ in rows if r.is_decoding)
+        decode = sum(1 + self.draft_tokens for r, _ in rows if r.is_decoding)
         for request, n in rows:
+            if self.speculation is not None and request.is_decoding:
+                self._verify(request, index)
+                continue
             request.computed += n
             if request.num_pending == 0:
                 request.emitted += 1
@@ -241,6 +263,23 @@ class OracleServer:
         real = sum(n for _, n in rows)
         log.append(start, duration, len(rows), real - decode, decode, shape.num_tokens - real, self.kv.num_used,
                    len(self.waiting), len(self.run_list), num_preempted)
+
+    def _verify(self, request: Request, index: int) -> None:
+        assert self.speculation is not None
+        step = self.verify_steps.get(request.id, 0)
+        self.verify_steps[request.id] = step + 1
+        stream = np.random.default_rng(np.random.SeedSequence(self.speculation.seed, spawn_key=(6, request.id)))
+        uniform = stream.random(step + 1)[step]
+        accepted = int(np.sum(uniform < np.cumprod(self.speculation.acceptance)))
+        self.log.spec_accepted[accepted] += 1
+        for _ in range(min(accepted + 1, request.output_tokens - request.emitted)):
+            request.computed += 1
+            request.emitted += 1
+            self.log.token_request.append(request.id)
+            self.log.token_step.append(index)
+        if request.is_finished:
+            request.finish = self.env.now
+            self._finish(request)
 
     def _finish(self, request: Request) -> None:
         if self.batch is None:
@@ -256,7 +295,8 @@ class OracleServer:
 
 
 def run_oracle(policy: Policy, cost: CostModel, kv_blocks: int, block_size: int, workload: Workload,
-               time_limit: float | None, prefix_caching: bool = False) -> tuple[RequestColumns, StepLog, float]:
+               time_limit: float | None, prefix_caching: bool = False, speculation: Speculation | None = None
+               ) -> tuple[RequestColumns, StepLog, float]:
     env = simpy.Environment()
     requests: list[Request] = []
     priorities = workload.priority.tolist() if workload.priority is not None else [0] * workload.num_requests
@@ -276,19 +316,21 @@ def run_oracle(policy: Policy, cost: CostModel, kv_blocks: int, block_size: int,
 
         clients = SessionClients(env, workload, send, lambda delay: ArrivalTimeout(env, delay))
         server = OracleServer(env, policy, cost, KVBlocks(kv_blocks, block_size, prefix_caching),
-                              on_finish=clients.on_finish)
+                              on_finish=clients.on_finish, speculation=speculation)
         clients.start()
     elif workload.arrival is None:
         def next_client(_finished: Request, at: float) -> None:
             if len(requests) < workload.num_requests:
                 server.submit(make_request(at))
 
-        server = OracleServer(env, policy, cost, KVBlocks(kv_blocks, block_size, prefix_caching), on_finish=next_client)
+        server = OracleServer(env, policy, cost, KVBlocks(kv_blocks, block_size, prefix_caching), on_finish=next_client,
+                              speculation=speculation)
         assert workload.concurrency is not None
         for _ in range(min(workload.concurrency, workload.num_requests)):
             server.submit(make_request(0.0))
     else:
-        server = OracleServer(env, policy, cost, KVBlocks(kv_blocks, block_size, prefix_caching))
+        server = OracleServer(env, policy, cost, KVBlocks(kv_blocks, block_size, prefix_caching),
+                              speculation=speculation)
 
         def arrive() -> Generator[simpy.Event, Any, None]:
             for t in workload.arrival.tolist():  # type: ignore[union-attr]

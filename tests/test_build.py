@@ -104,7 +104,7 @@ def table_digests(cwd: Path, pythonpath: str | None) -> str:
 
 
 def test_the_compiled_and_the_pure_build_give_identical_tables(tmp_path: Path) -> None:
-    """benchmarks/table_digests.py's 13 varied runs and the compare rerun, each run's tables as digests:
+    """benchmarks/table_digests.py's 14 varied runs and the compare rerun, each run's tables as digests:
     the installed build (from outside the checkout) against the checkout's pure modules."""
     installed = installed_build(tmp_path)
     if "compiled" not in installed:

@@ -90,7 +90,9 @@ def test_random_workloads(policy: str, run_min: int, data: st.DataObject, limit:
 
 
 def check_random_case(policy: str, data: st.DataObject, limit: float | None, unit_cost: bool,
-                      integer_times: bool) -> None:
+                      integer_times: bool, speculation: dict[str, Any] | None = None) -> None:
+    """`speculation`: settings of speculative decoding the case runs with (a squeezed KV cache
+    given the blocks its verify steps' draft tokens take beyond the longest request)."""
     case = data.draw(cases(policy))
     workload = case.workload
     if unit_cost and integer_times and workload.arrival is not None:
@@ -101,11 +103,61 @@ def check_random_case(policy: str, data: st.DataObject, limit: float | None, uni
             data.draw(st.lists(st.integers(0, levels - 1), min_size=workload.num_requests,
                                max_size=workload.num_requests)), dtype=np.int64))
     config = case.config
+    if speculation is not None:
+        config = replace(config, **speculation)
+        if config.num_gpu_blocks_override is not None:
+            extra = -(-config.num_speculative_tokens // config.block_size)  # type: ignore[operator]
+            config = replace(config, num_gpu_blocks_override=config.num_gpu_blocks_override + extra)
     cost = UnitCost if unit_cost else None
     if limit is not None:
-        full = simulate(config, workload, cost() if cost else None)
-        config = replace(config, time_limit=limit * full.end_time if full.end_time > 0 else 1.0)
+        try:
+            full = simulate(config, workload, cost() if cost else None)
+        except InputError:  # refused: both engines must refuse it alike (below)
+            full = None
+        if full is not None:
+            config = replace(config, time_limit=limit * full.end_time if full.end_time > 0 else 1.0)
     assert_identical(config, workload, cost, may_fail=True)
+
+
+@pytest.mark.parametrize("policy", ["continuous", "chunked", "priority"])
+@settings(SETTINGS, max_examples=max(ENGINE_EXAMPLES // 3, 10))
+@given(data=st.data(), limit=st.none() | st.floats(0.05, 0.95), unit_cost=st.booleans(),
+       method=st.sampled_from(["ngram", "eagle"]), k=st.integers(1, 6),
+       acceptance=st.sampled_from(["0", "1", "0.7", "0.9,0.5", "0.3,1,0.6,0.8,0.2,0.9"]))
+def test_random_workloads_speculating(policy: str, data: st.DataObject, limit: float | None, unit_cost: bool,
+                                      method: str, k: int, acceptance: str) -> None:
+    """Speculative decoding on the random cases: verify steps, their draws, KV and preemptions as the
+    oracle's literal walk gives them (a list of probabilities is used when it has k of them)."""
+    if "," in acceptance and len(acceptance.split(",")) != k:
+        acceptance = acceptance.split(",")[0]
+    speculation = {"speculative_method": method, "num_speculative_tokens": k, "spec_acceptance": acceptance}
+    check_random_case(policy, data, limit, unit_cost, False, speculation)
+
+
+@pytest.mark.parametrize("case", [
+    dict(policy="chunked", rate=20.0, input_len=300, output_len=60, output_len_dist="uniform",
+         num_gpu_blocks_override=300, speculative_method="eagle", num_speculative_tokens=4, spec_acceptance="0.7"),
+    dict(policy="continuous", rate=20.0, input_len=300, output_len=60, output_len_dist="uniform",
+         num_gpu_blocks_override=300, speculative_method="ngram", num_speculative_tokens=3, spec_acceptance="0"),
+    dict(policy="priority", rate=20.0, input_len=300, output_len=60, priority_levels=3, num_gpu_blocks_override=250,
+         speculative_method="eagle", num_speculative_tokens=3, spec_acceptance="0.9,0.5,0.3"),
+    dict(policy="chunked", rate=20.0, input_len=300, output_len=60, prefix_len=200, num_prefixes=3,
+         num_gpu_blocks_override=300, speculative_method="eagle", num_speculative_tokens=5, spec_acceptance="0.8"),
+    dict(policy="chunked", rate=3.0, input_len=300, output_len=60, num_turns=3, think_time=0.1,
+         num_gpu_blocks_override=200, speculative_method="ngram", num_speculative_tokens=2, spec_acceptance="1"),
+    dict(policy="chunked", concurrency=16, input_len=300, output_len=60, output_len_dist="uniform",
+         num_gpu_blocks_override=300, speculative_method="eagle", num_speculative_tokens=4, spec_acceptance="0.6"),
+    dict(policy="chunked", rate=20.0, input_len=300, output_len=60, cost="measured",
+         speculative_method="eagle", num_speculative_tokens=3, spec_acceptance="0.7"),
+], ids=["eagle-preempting", "ngram-none-accepted", "priority-per-position", "prefix-cache", "sessions",
+        "closed-loop", "measured-cost"])
+def test_speculative_decoding(case: dict[str, Any]) -> None:
+    """Speculative decoding with preemption, priorities, a prefix cache, sessions and the measured
+    costs: the same tables, and the same acceptance metrics, as the oracle's."""
+    summary = assert_identical(RunConfig(num_requests=150, **case))
+    assert summary["completed"] == 150 and summary["spec_num_drafts"] > 0
+    if case.get("num_gpu_blocks_override") == 300 and case["policy"] != "chunked":
+        assert summary["preemptions"] > 0
 
 
 # The benchmark's workloads (benchmarks/engine_speed.py), 2,000 requests each.

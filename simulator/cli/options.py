@@ -10,7 +10,7 @@ from typing import Any, TypeVar
 import click
 
 from simulator.config import DEFAULTS as FIELD_DEFAULTS
-from simulator.config import RunConfig
+from simulator.config import SPECULATIVE_METHODS, RunConfig
 from simulator.deploy.model import KV_CACHE_DTYPES, QUANTIZATIONS
 from simulator.errors import InputError
 from simulator.ranges import RANGES, Range, flag, quote
@@ -80,6 +80,26 @@ def parallel_options(command: F) -> F:
                           "instead of splitting each."),
         setting("data_parallel_size", help="Data-parallel attention ranks of --tensor-parallel-size GPUs each, "
                                            "their experts one group (needs --enable-expert-parallel)."),
+    )):
+        command = option(command)
+    return command
+
+
+def speculative_options(command: F) -> F:
+    """Speculative decoding, as vLLM's --speculative-config (method, num_speculative_tokens, model),
+    and the acceptance model the simulator needs in place of the drafts' text."""
+    for option in reversed((
+        setting("speculative_method", type=Choice(SPECULATIVE_METHODS),
+                help="Speculative decoding: each decode step drafts --num-speculative-tokens tokens (ngram: a "
+                     "lookup on the host; eagle: a one-layer head; mtp: the model's MTP layer; draft: "
+                     "--draft-model) and verifies them in one pass [default: none].", show_default=False),
+        setting("num_speculative_tokens", help="Draft tokens per decode step (k); a step emits 1 to k + 1 tokens "
+                                               "(0: none, the run without speculation) [default: none]."),
+        setting("spec_acceptance", help="Probability that a draft token is accepted given the ones before it were: "
+                                        "one for every position, or k separated by commas (e.g. 0.8,0.6,0.5) "
+                                        "[default: none]."),
+        setting("draft_model", help="The draft model of --speculative-method draft (a built-in name or a "
+                                    "config.json sharing the model's vocabulary) [default: none]."),
     )):
         command = option(command)
     return command

@@ -14,7 +14,14 @@ import click
 from click.core import ParameterSource
 
 from policies import ENABLE_CHUNKED_PREFILL, POLICIES, readers
-from simulator.cli.options import RESULTS_DIR, Choice, deployment_options, parallel_options, setting
+from simulator.cli.options import (
+    RESULTS_DIR,
+    Choice,
+    deployment_options,
+    parallel_options,
+    setting,
+    speculative_options,
+)
 from simulator.config import DEFAULTS, GOODPUT_METRICS, RunConfig, flag, parse_goodput, parse_percentiles, quote
 from simulator.cost import COST_MODELS
 from simulator.deploy.backends import BACKENDS, stack_settings
@@ -63,6 +70,8 @@ def format_summary(summary: dict[str, Any], config: RunConfig, metrics: tuple[st
     ]
     if "request_goodput" in summary:
         lines.append(f"{'request goodput (req/s)':<40}{per_s(summary['request_goodput'], 3)}")
+    if "spec_num_drafts" in summary:
+        lines += speculation_lines(summary, config)
     stats = ["mean", "median", "std"] + [f"p{q:g}" for q in config.percentiles]
     lines.append("")
     lines.append(f"{'latency (ms)':<14}" + "".join(f"{s:>11}" for s in stats))
@@ -85,6 +94,19 @@ def format_summary(summary: dict[str, Any], config: RunConfig, metrics: tuple[st
         if said is not None:
             lines.append(said[1])
     return "\n".join(lines)
+
+
+def speculation_lines(summary: dict[str, Any], config: RunConfig) -> list[str]:
+    """Speculative decoding's metrics as vLLM logs them."""
+    label = f"speculative decoding ({config.speculative_method}, k={config.num_speculative_tokens})"
+    if not summary["spec_num_drafts"]:
+        return [f"{label:<40}no drafts"]
+    positions = ", ".join(f"{rate:.3f}" for rate in summary["spec_acceptance_per_position"])
+    return [f"{label:<40}{summary['spec_num_drafts']} drafts, {summary['spec_num_draft_tokens']} draft tokens, "
+            f"{summary['spec_num_accepted_tokens']} accepted",
+            f"{'draft acceptance rate':<40}{summary['spec_acceptance_rate']:.1%}",
+            f"{'mean acceptance length':<40}{summary['spec_mean_acceptance_length']:.3f}",
+            f"{'per-position acceptance rate':<40}{positions}"]
 
 
 def read_by(setting: str) -> str:
@@ -175,6 +197,7 @@ def read_by(setting: str) -> str:
                                        "decode [default: the GPU profile's NVLink, 450 on the H100].")
 @setting("kv_transfer_latency", help="Seconds of fixed time per KV transfer [default: the GPU profile's "
                                      "interconnect latency, 1e-05].")
+@speculative_options
 @setting("time_limit", help="Stop the simulated clock at this many seconds; requests still in flight "
                             "are reported unfinished [default: run to the end].")
 @click.option("--percentiles", "--metric-percentiles", "percentiles", show_default=True,

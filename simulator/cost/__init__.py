@@ -9,6 +9,7 @@ interpolated (`curves`, `gemm`, `moe`); `parallel` prices tensor parallelism's a
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Protocol
 
 from simulator.cost.contract import CostModel, StepShape, causal_pairs
@@ -19,14 +20,15 @@ from simulator.cost.moe import MoeTable
 from simulator.cost.operators import elementwise_ops
 from simulator.cost.parallel import AllReduce
 from simulator.cost.roofline import RooflineCost
+from simulator.cost.speculative import SpeculativeCost
 from simulator.deploy.hardware import GpuSpec, load_profile, profile_dir
-from simulator.deploy.model import ModelSpec
+from simulator.deploy.model import ModelSpec, draft_model
 from simulator.deploy.spec import check_data_parallel
 
 COST_MODELS = ("measured", "roofline")
 __all__ = ["COST_MODELS", "AllReduce", "BatchCurves", "CostModel", "CostSettings", "Curve", "GemmTable",
-           "MeasuredCost", "MeasuredTables", "MoeTable", "RooflineCost", "StepShape", "attention_rows",
-           "build_cost_model",
+           "MeasuredCost", "MeasuredTables", "MoeTable", "RooflineCost", "SpeculativeCost", "StepShape",
+           "attention_rows", "build_cost_model",
            "build_tables", "causal_pairs", "elementwise_ops", "measured_cost"]
 
 
@@ -49,12 +51,32 @@ class CostSettings(Protocol):
     def enable_expert_parallel(self) -> bool: ...
     @property
     def num_replicas(self) -> int: ...
+    @property
+    def speculative_method(self) -> str | None: ...
+    @property
+    def num_speculative_tokens(self) -> int | None: ...
+    @property
+    def draft_model(self) -> str | None: ...
 
 
 def build_cost_model(config: CostSettings, model: ModelSpec, gpu: GpuSpec) -> CostModel:
     """The cost model a run asks for, for one GPU of `model` in the run's dtypes and parallelism:
     measured kernels from its profile, or the roofline (all-reduces measured where the profile has
-    collectives)."""
+    collectives); under speculative decoding, with its drafter's passes (`SpeculativeCost`)."""
+    target = _cost_model(config, model, gpu)
+    if config.speculative_method is None or not config.num_speculative_tokens:  # k = 0 drafts nothing
+        return target
+    drafter = draft_model(config.speculative_method, model, config.draft_model)
+    draft = None
+    if drafter is not None:  # its passes run inside the step: no host overhead of their own
+        quiet = replace(gpu, step_overhead=0.0, per_sequence_overhead=0.0, per_token_overhead=0.0)
+        draft = _cost_model(config, drafter, quiet)
+        if isinstance(draft, MeasuredCost):
+            draft = MeasuredCost(replace(draft.tables, gpu=quiet, step_overhead=0.0))
+    return SpeculativeCost(target, draft, config.num_speculative_tokens)
+
+
+def _cost_model(config: CostSettings, model: ModelSpec, gpu: GpuSpec) -> CostModel:
     deployed = model.deployed(config.quantization, config.kv_cache_dtype)
     tp, dp = config.tensor_parallel_size, config.data_parallel_size
     check_data_parallel(dp, config.enable_expert_parallel, config.num_replicas)

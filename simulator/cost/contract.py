@@ -30,15 +30,21 @@ class StepShape(NamedTuple):
     """Sum over multi-token rows of their context length (KV the chunk attends to)."""
     prefill_pairs: float = 0.0
     """Sum over multi-token rows of query-key pairs under the causal mask: n * (c0 + (n + 1) / 2)."""
+    spec_tokens: int = 0
+    """Draft tokens verified beside the single-token rows (speculative decoding, k per row): each
+    is a query over its row's context as the row's own token is (`decode_context` is then the
+    contexts after all k + 1), and each is a row of the LM head and of sampling."""
 
     @property
     def num_tokens(self) -> int:
-        return self.decode_seqs + self.prefill_tokens
+        return self.decode_seqs + self.prefill_tokens + self.spec_tokens
 
     @classmethod
-    def from_rows(cls, rows: Iterable[tuple[int, int]], decode_seqs: int = 0, decode_context: int = 0) -> StepShape:
+    def from_rows(cls, rows: Iterable[tuple[int, int]], decode_seqs: int = 0, decode_context: int = 0,
+                  spec_tokens: int = 0) -> StepShape:
         """Build a shape from (new tokens, context after the step) per row, on top of `decode_seqs`
-        single-token rows whose contexts sum to `decode_context`."""
+        single-token rows whose contexts sum to `decode_context` (and which verify `spec_tokens`
+        draft tokens between them)."""
         prefill_seqs = prefill_tokens = prefill_context = 0
         prefill_pairs = 0.0
         for new, context in rows:
@@ -52,7 +58,7 @@ class StepShape(NamedTuple):
                 prefill_pairs += causal_pairs(new, context)
         # Positional (the fields in order): a named tuple is built more slowly from keywords.
         return cls(decode_seqs + prefill_seqs, decode_seqs, decode_context, prefill_seqs, prefill_tokens,
-                   prefill_context, prefill_pairs)
+                   prefill_context, prefill_pairs, spec_tokens)
 
 
 def causal_pairs(new_tokens: float, context: float) -> float:

@@ -181,6 +181,8 @@ class MeasuredCost:
     - Experts of a MoE layer: the fused-MoE kernel by tokens (see `MoeTable`).
     - Decode attention: the step's single-token rows as `decode_seqs` sequences of their mean context,
       linear in context (KV bytes) and in sequences between measured points; fp8 KV from its own rows.
+      A row that verifies draft tokens (speculative decoding) is priced as its decode kernel: its
+      k + 1 queries read the KV once, and the measured kernel is bound by that read.
     - Prefill attention: the multi-token rows as `prefill_seqs` sequences each with the mean number of
       causal query-key pairs, placed on the measured (batch, prompt length) grid by their pairs
       (a chunk of n tokens after c0 cached ones does n * (c0 + (n + 1) / 2) pairs, as a prompt of
@@ -271,7 +273,8 @@ class MeasuredCost:
         if tokens == 0:
             return {}
         layers = t.model.num_layers
-        layer_gemms, head = self._gemms(tokens, shape.num_seqs)
+        logit_rows = shape.num_seqs + shape.spec_tokens  # the LM head and sampling see every verified draft token
+        layer_gemms, head = self._gemms(tokens, logit_rows)
         decode = prefill = collectives = 0.0
         if t.all_to_all is not None and t.fallback is not None:
             collectives = t.model.moe_layers * t.all_to_all.time(tokens, t.fallback.all_to_all_time, self.extrapolated)
@@ -281,9 +284,9 @@ class MeasuredCost:
             assert t.fallback is not None
             if shape.decode_seqs:
                 decode = t.fallback.attention_all_layers(StepShape(shape.decode_seqs, shape.decode_seqs,
-                                                                   shape.decode_context))
+                                                                   shape.decode_context, spec_tokens=shape.spec_tokens))
             if shape.prefill_seqs:
-                prefill = t.fallback.attention_all_layers(StepShape(shape.prefill_seqs, 0, 0, *shape[3:]))
+                prefill = t.fallback.attention_all_layers(StepShape(shape.prefill_seqs, 0, 0, *shape[3:7]))
         elif shape.decode_seqs:
             decode = layers * t.decode_scale * t.decode.at(shape.decode_seqs, shape.decode_context / shape.decode_seqs,
                                                            self.decode_roofline, self.extrapolated)
@@ -294,7 +297,7 @@ class MeasuredCost:
                 prefill += layers * t.fallback.mla_context_up_projection(shape)
         return {"gemm": layers * layer_gemms + head + self._dense_layers(tokens, layer_gemms), "moe": self._moe(tokens),
                 "decode_attention": decode, "prefill_attention": prefill,
-                "elementwise": self._elementwise(tokens, shape.num_seqs),
+                "elementwise": self._elementwise(tokens, logit_rows),
                 "collectives": self._all_reduce(tokens) + collectives,
                 "overhead": host_overhead(t.gpu, t.step_overhead, shape.num_seqs, tokens)}
 

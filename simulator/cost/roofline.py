@@ -27,6 +27,14 @@ def host_overhead(gpu: GpuSpec, step_overhead: float, num_seqs: int, tokens: int
     return step_overhead + gpu.per_sequence_overhead * num_seqs + gpu.per_token_overhead * tokens
 
 
+def decode_pairs(shape: StepShape) -> float:
+    """Query-key pairs of the single-token rows: each query over its row's whole context, the draft
+    tokens a row verifies (`spec_tokens`) too; without them, `decode_context` as it is."""
+    if not shape.spec_tokens:
+        return shape.decode_context
+    return shape.decode_context * (shape.decode_seqs + shape.spec_tokens) / shape.decode_seqs
+
+
 class RooflineCost:
     pure = True  # its records (all-reduces beyond the measured sizes) are kept per cached shape, not per step
     """Sum over one GPU's operators (`operators.py`) of their roofline times, plus host overhead.
@@ -51,7 +59,7 @@ class RooflineCost:
         if data_parallel_size > 1 and gpu.interconnect_bw is None:
             raise InputError(f"GPU profile {gpu.name!r} has no interconnect_bw: cannot price expert parallelism's "
                              "all-to-all")
-        self._fixed_cache: dict[tuple[int, int], tuple[float, float]] = {}
+        self._fixed_cache: dict[tuple[int, int, int], tuple[float, float]] = {}
         # Attention's constants, read once (the same values, so the same float operations and bits).
         rank = self.rank
         self._kv_bytes_per_token = rank.kv_bytes_per_token_per_layer
@@ -120,7 +128,7 @@ class RooflineCost:
         if not self._plain:
             return self.rank.num_layers * layer + self._attention(shape)
         if shape.decode_seqs:
-            layer += self.attention_time(shape.decode_context, shape.decode_context)
+            layer += self.attention_time(shape.decode_context, decode_pairs(shape))
         if shape.prefill_seqs:
             layer += self.attention_time(shape.prefill_context, shape.prefill_pairs, True)
         return self.rank.num_layers * layer
@@ -136,10 +144,12 @@ class RooflineCost:
         total = 0.0
         if shape.decode_seqs:
             n, context = shape.decode_seqs, shape.decode_context
-            total += (rank.num_layers - sliding) * self.attention_time(context, context + sink * n)
+            queries = n + shape.spec_tokens
+            total += (rank.num_layers - sliding) * self.attention_time(context, decode_pairs(shape) + sink * queries)
             if sliding:
                 capped = min(context, n * window)
-                total += sliding * self.attention_time(capped, capped + sink * n)
+                total += sliding * self.attention_time(capped, (capped * queries / n if shape.spec_tokens else capped)
+                                                      + sink * queries)
         if shape.prefill_seqs:
             tokens, context, pairs = shape.prefill_tokens, shape.prefill_context, shape.prefill_pairs
             total += (rank.num_layers - sliding) * self.attention_time(context, pairs + sink * tokens, True)
@@ -148,11 +158,12 @@ class RooflineCost:
                 total += sliding * self.attention_time(capped, min(pairs, tokens * window) + sink * tokens, True)
         return total
 
-    def _fixed(self, tokens: int, num_seqs: int) -> tuple[float, float]:
+    def _fixed(self, tokens: int, num_seqs: int, logit_rows: int) -> tuple[float, float]:
         """The parts of a step that depend only on its token and sequence counts: per layer (GEMMs,
-        experts, elementwise kernels, all-reduces) and per step (LM head, sampling, host overhead).
-        Cached: a run repeats them."""
-        key = (tokens, num_seqs)
+        experts, elementwise kernels, all-reduces) and per step (LM head and sampling over
+        `logit_rows`: one per sequence, and one per draft token verified; host overhead). Cached: a
+        run repeats them."""
+        key = (tokens, num_seqs, logit_rows)
         cache = self._fixed_cache
         fixed = cache.get(key)
         if fixed is not None:
@@ -169,8 +180,8 @@ class RooflineCost:
         if self.all_reduce is not None:
             layer += ALL_REDUCES_PER_LAYER * self.all_reduce.time(all_reduce_bytes(rank, tokens), self.extrapolated)
         # The LM head runs on one token per sequence; sampling reads the whole vocabulary's fp32 logits.
-        head = self.gemm_time(num_seqs, rank.vocab_size, rank.hidden_size)
-        sampling = gpu.kernel_latency + num_seqs * self.model.vocab_size * 4 / gpu.mem_bw
+        head = self.gemm_time(logit_rows, rank.vocab_size, rank.hidden_size)
+        sampling = gpu.kernel_latency + logit_rows * self.model.vocab_size * 4 / gpu.mem_bw
         per_step = head + sampling + host_overhead(gpu, gpu.step_overhead, num_seqs, tokens)
         if rank.first_dense_layers:
             per_step += rank.first_dense_layers * self._dense_layer_delta(tokens)
@@ -204,23 +215,23 @@ class RooflineCost:
             return np.array([self.step_time(StepShape(num_seqs, num_seqs, int(c))) for c in contexts],
                             dtype=np.float64)
         rank, gpu = self.rank, self.gpu
-        layer, per_step = self._fixed(num_seqs, num_seqs)
+        layer, per_step = self._fixed(num_seqs, num_seqs, num_seqs)
         attention = gpu.attn_kernel_latency + np.maximum(contexts * self._kv_bytes_per_token / gpu.attn_bw,
                                                          self._flops_per_pair * contexts / gpu.attn_flops)
         return rank.num_layers * (layer + attention) + per_step  # type: ignore[no-any-return]
 
     def step_time(self, shape: StepShape) -> float:
-        decode_seqs, prefill_seqs = shape.decode_seqs, shape.prefill_seqs
-        tokens = decode_seqs + shape.prefill_tokens
+        decode_seqs, prefill_seqs, spec_tokens = shape.decode_seqs, shape.prefill_seqs, shape.spec_tokens
+        tokens = decode_seqs + shape.prefill_tokens + spec_tokens
         if tokens == 0:
             return 0.0
-        layer, per_step = self._fixed(tokens, shape.num_seqs)
+        layer, per_step = self._fixed(tokens, shape.num_seqs, shape.num_seqs + spec_tokens)
         if prefill_seqs and self.rank.is_mla:
             layer += self.mla_context_up_projection(shape)
         if not self._plain:
             return self.rank.num_layers * layer + self._attention(shape) + per_step
         if decode_seqs:
-            layer += self.attention_time(shape.decode_context, shape.decode_context)
+            layer += self.attention_time(shape.decode_context, decode_pairs(shape))
         if prefill_seqs:
             layer += self.attention_time(shape.prefill_context, shape.prefill_pairs, True)
         return self.rank.num_layers * layer + per_step

@@ -44,7 +44,7 @@ FIELD_LIMITS = {"num_hidden_layers": 1 << 14, "hidden_size": 1 << 20, "num_atten
                 "n_routed_experts": 1 << 16, "n_shared_experts": 1 << 16, "first_k_dense_replace": 1 << 14,
                 "kv_lora_rank": 1 << 16, "q_lora_rank": 1 << 16, "qk_rope_head_dim": 1 << 16,
                 "qk_nope_head_dim": 1 << 16, "v_head_dim": 1 << 16, "sliding_window": 1 << 31,
-                "shared_intermediate_size": 1 << 22}
+                "shared_intermediate_size": 1 << 22, "num_nextn_predict_layers": 1 << 14}
 QUANT_CONFIG = "hf_quant_config.json"
 """modelopt's quantization file, beside the model's config.json."""
 FP8_KEPT = ("gate", "router", "e_score_correction_bias", "lm_head", "embed_tokens")

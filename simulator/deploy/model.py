@@ -8,6 +8,7 @@ gives the slice one GPU holds under tensor parallelism, as vLLM splits it.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -15,8 +16,8 @@ from simulator.deploy.hf_config import SLIDING_ARCHITECTURES, ConfigFile, quant_
 from simulator.deploy.spec import DTYPE_BYTES, KV_CACHE_DTYPES, QUANTIZATIONS, ModelSpec
 from simulator.errors import InputError, clip
 
-__all__ = ["BUILTIN_MODELS", "DTYPE_BYTES", "KV_CACHE_DTYPES", "QUANTIZATIONS", "ModelSpec", "from_hf_config",
-           "load_model"]
+__all__ = ["BUILTIN_MODELS", "DTYPE_BYTES", "KV_CACHE_DTYPES", "QUANTIZATIONS", "ModelSpec", "draft_model",
+           "draft_weight_bytes", "from_hf_config", "load_model"]
 
 def _from_reference(file: str) -> str:
     return (f"Hugging Face {file.replace('--', '/')} config.json, as aiconfigurator (ai-dynamo/aiconfigurator, "
@@ -61,7 +62,7 @@ _DEEPSEEK_V3_SHAPES = dict(
     num_layers=61, hidden_size=7168, num_heads=128, num_kv_heads=128, head_dim=192, intermediate_size=18432,
     vocab_size=129280, max_model_len=163840, num_experts=256, num_experts_per_tok=8, moe_intermediate_size=2048,
     weight_dtype="fp8_block", kv_lora_rank=512, q_lora_rank=1536, qk_rope_head_dim=64, v_head_dim=128,
-    first_dense_layers=3, shared_expert_intermediate_size=2048)
+    first_dense_layers=3, shared_expert_intermediate_size=2048, num_nextn_predict_layers=1)
 DEEPSEEK_V3 = ModelSpec(name="deepseek-v3", **_DEEPSEEK_V3_SHAPES, source=_from_hf("deepseek-ai--DeepSeek-V3"))  # type: ignore[arg-type]
 DEEPSEEK_R1 = ModelSpec(name="deepseek-r1", **_DEEPSEEK_V3_SHAPES, source=_from_hf("deepseek-ai--DeepSeek-R1"))  # type: ignore[arg-type]
 KIMI_K2_5 = ModelSpec(
@@ -144,6 +145,7 @@ def from_hf_config(path: Path) -> ModelSpec:
         sliding_layers=sliding_layers,
         sliding_window=window,
         attention_sinks=architecture in SLIDING_ARCHITECTURES,
+        num_nextn_predict_layers=config.count("num_nextn_predict_layers"),
         source=str(path),
     )
     if config.count("kv_lora_rank"):
@@ -168,3 +170,41 @@ def load_model(name_or_path: str) -> ModelSpec:
         raise InputError(f"unknown model {name_or_path!r}: not a built-in ({', '.join(BUILTIN_MODELS)}) "
                          "and no such config.json")
     return from_hf_config(path)
+
+
+def draft_model(method: str, target: ModelSpec, draft: str | None) -> ModelSpec | None:
+    """The model that drafts for speculative decoding `method` on `target`: none for ngram (a lookup
+    in the request's own tokens, on the host); for eagle one decoder layer of the target's shapes,
+    its MLP dense (an EAGLE head); for mtp one of the target's multi-token prediction layers (its
+    own layer's shapes, refused for a model without one); for draft the model `draft` names, which
+    must share the target's vocabulary."""
+    if method == "ngram":
+        return None
+    if method == "draft":
+        assert draft is not None, "RunConfig asks for a --draft-model"
+        try:
+            drafter = load_model(draft)
+        except InputError as exc:
+            raise InputError(f"--draft-model: {exc}") from None
+        if drafter.vocab_size != target.vocab_size:
+            raise InputError(f"--draft-model {drafter.name} has a vocabulary of {drafter.vocab_size} tokens, "
+                             f"{target.name} one of {target.vocab_size}: a draft model shares its target's tokenizer")
+        return drafter
+    if method == "mtp" and not target.num_nextn_predict_layers:
+        raise InputError(f"--speculative-method mtp drafts with a model's multi-token prediction layers; {target.name} "
+                         "has none (num_nextn_predict_layers in its config.json)")
+    layer: dict[str, Any] = dict(num_layers=1, first_dense_layers=0, sliding_layers=0, sliding_window=0,
+                                 attention_sinks=False, num_nextn_predict_layers=0)
+    if method == "eagle":
+        layer |= dict(num_experts=0, num_experts_per_tok=0, moe_intermediate_size=0,
+                      shared_expert_intermediate_size=0, expert_dtype=None)
+    return replace(target, name=f"{target.name} {'EAGLE head' if method == 'eagle' else 'MTP layer'}", **layer)
+
+
+def draft_weight_bytes(method: str, drafter: ModelSpec) -> int:
+    """Bytes the drafter adds to GPU memory: a draft model's whole weights; an EAGLE head's or an MTP
+    layer's own layer, which uses the target's embedding and LM head."""
+    if method == "draft":
+        return drafter.weight_bytes
+    shared = drafter.vocab_size * drafter.hidden_size * (1 if drafter.tie_word_embeddings else 2) + drafter.hidden_size
+    return drafter.weight_bytes - shared * drafter.dtype_bytes

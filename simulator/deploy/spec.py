@@ -82,6 +82,9 @@ class ModelSpec:
     """One learned logit per head that every query attends to (gpt-oss)."""
     expert_parallel: int = 1
     """GPUs the routed experts are spread over (whole experts each); set by `shard`."""
+    num_nextn_predict_layers: int = 0
+    """Multi-token prediction layers beside the model (DeepSeek's MTP), which can draft for
+    speculative decoding (`--speculative-method mtp`)."""
 
     def __post_init__(self) -> None:
         for name in ("num_layers", "hidden_size", "num_heads", "num_kv_heads", "head_dim",
@@ -90,7 +93,7 @@ class ModelSpec:
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise InputError(f"model {self.name!r}: {name} must be a positive integer, got {value!r}")
         for name in ("kv_lora_rank", "q_lora_rank", "qk_rope_head_dim", "v_head_dim", "first_dense_layers",
-                     "shared_expert_intermediate_size", "sliding_window", "sliding_layers"):
+                     "shared_expert_intermediate_size", "sliding_window", "sliding_layers", "num_nextn_predict_layers"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise InputError(f"model {self.name!r}: {name} must be a non-negative integer, got {value!r}")

@@ -23,6 +23,7 @@ import heapq
 
 import numpy as np
 
+from simulator.engine.kv import KVBlocks
 from simulator.engine.request import Request
 
 
@@ -90,6 +91,15 @@ class Decoders:
         """Does this decoder need a new block in the next step?"""
         block_size = self.block_size
         return not request.reserved_tokens and request.decode_key % block_size == (1 - self.steps) % block_size
+
+    def take_blocks(self, kv: KVBlocks, need: int) -> None:
+        """Take the `need` blocks the decoders' next step needs (`blocks_needed`), as a count: each
+        decoder's own are counted when it leaves."""
+        kv.take(need)
+
+    def blocks_needed_by(self, request: Request) -> int:
+        """KV blocks this decoder needs for the next step."""
+        return int(self.needs_block(request))
 
     def next_finish(self) -> int:
         """The step count at which the next decoder emits its last token (a large number if none)."""

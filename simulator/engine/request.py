@@ -54,6 +54,10 @@ class Request:
     decode_key: int = 0
     decode_epoch: int = 0
     decode_since: int = 0
+    # Speculative decoding (simulator.engine.speculation): the draft tokens accepted in each of its
+    # verify steps, drawn at its first, and how many verify steps it has taken.
+    accepted_draws: bytes | None = None
+    verify_steps: int = 0
 
     @property
     def num_pending(self) -> int:

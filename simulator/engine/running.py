@@ -2,7 +2,8 @@
 
 A running request is an explicit row, which a step names with its tokens (a request with prompt, or
 recomputation, left), or one of the decoders (`simulator.engine.decoders`), which need one token per
-step and run as one, never walked. While a padded batch runs (`Step.batch`), each of its members'
+step and run as one, never walked (under speculative decoding, verifiers walked every step:
+`simulator.engine.speculation`). While a padded batch runs (`Step.batch`), each of its members'
 rows is computed at the batch's prompt length, finished members' as padding, until the last one
 finishes. The server changes the running set only through these methods, a step at a time:
 
@@ -40,6 +41,7 @@ from simulator.engine.decoders import Decoders
 from simulator.engine.kv import KVBlocks
 from simulator.engine.queues import AdmissionOrder, FcfsQueue, PriorityQueue
 from simulator.engine.request import Request
+from simulator.engine.speculation import Speculation, Verifiers
 from simulator.engine.step import PaddedBatch, PolicyError, Step
 from simulator.engine.steplog import StepLog
 
@@ -53,7 +55,8 @@ class RunningSet:
     preempted back to, and the step log it writes (see the module docstring)."""
 
     def __init__(self, kv: KVBlocks, waiting: FcfsQueue | PriorityQueue, order: AdmissionOrder, log: StepLog,
-                 on_finish: Callable[[Request, float], None] | None = None) -> None:
+                 on_finish: Callable[[Request, float], None] | None = None,
+                 speculation: Speculation | None = None) -> None:
         self.kv = kv
         self.waiting = waiting
         self.order = order
@@ -64,7 +67,11 @@ class RunningSet:
         self.explicit: list[Request] = []
         """The running requests a step names one by one, in admission order (changed in place, never
         replaced: the server's view hands this list out as it is)."""
-        self.decoders = Decoders(kv.block_size)
+        self.speculation = speculation  # or None; with it, the decoders are verifiers
+        self.verifiers = None if speculation is None else Verifiers(kv.block_size, speculation, kv)
+        self.decoders: Decoders = Decoders(kv.block_size) if self.verifiers is None else self.verifiers
+        if speculation is not None:
+            log.spec_accepted.extend([0] * (speculation.num_tokens + 1))
         self.num_running = 0
         """Running requests, a padded batch's finished rows included (kept as they come and go)."""
         self.num_finished = 0
@@ -105,6 +112,11 @@ class RunningSet:
         admissions at `now`. Returns what it computes."""
         rows, admits = self._split(step)
         batch = step.batch
+        verifiers = self.verifiers
+        if verifiers is not None:
+            if batch is not None or self.batch is not None:
+                raise PolicyError("a padded batch cannot speculate: its rows keep the batch's length")
+            rows = verifiers.with_drafts(rows)
         num_preempted = self.allocate(rows, step.decode and self.decoders.count > 0)
         for request, n in admits:
             self._admit(request, n, batch, now)
@@ -116,11 +128,14 @@ class RunningSet:
                 if not (request.emitted and request.num_pending == 1):  # decode rows register at release
                     kv.register(request, request.computed + n)
         computed = decode = num_decoders
-        for request, n in rows:
-            computed += n
-            if n == 1 and request.emitted and request.num_pending == 1:
-                decode += 1
-        if batch is not None:
+        if verifiers is None:
+            for request, n in rows:
+                computed += n
+                if n == 1 and request.emitted and request.num_pending == 1:
+                    decode += 1
+        if verifiers is not None:
+            shape, computed, decode = verifiers.step_shape(rows, num_decoders)
+        elif batch is not None:
             shape = StepShape.from_rows([(batch.prompt_len, batch.prompt_len)] * len(admits))
             self._start_batch(batch, [request for request, _ in admits])
         elif self.batch is not None and num_decoders:
@@ -172,7 +187,7 @@ class RunningSet:
         if not rows:  # a prefill step's admissions are allocated apart; only the decoders grow here
             need = decoders.blocks_needed() if decode else 0
             if need <= kv.num_free:
-                kv.take(need)  # from the free queue's head, evicting cached blocks there
+                decoders.take_blocks(kv, need)  # from the free queue's head, evicting cached blocks there
                 return 0
         needs = {r: kv.extra_blocks(r, r.computed + n) for r, n in rows}
         need = (decoders.blocks_needed() if decode else 0) + sum(needs.values())
@@ -182,7 +197,7 @@ class RunningSet:
             while need > kv.num_free:
                 victim = self.order.victim()
                 if victim in decoders.members:
-                    need -= int(decode and decoders.needs_block(victim))
+                    need -= decoders.blocks_needed_by(victim) if decode else 0
                     self._leave(victim)
                 else:
                     self.explicit.remove(victim)
@@ -192,7 +207,7 @@ class RunningSet:
                 num_preempted += 1
             rows[:] = [(r, n) for r, n in rows if r not in dropped]
         if decode:
-            kv.take(decoders.blocks_needed())
+            decoders.take_blocks(kv, decoders.blocks_needed())
         for request, n in rows:
             kv.grow(request, request.computed + n)
         return num_preempted
@@ -244,13 +259,21 @@ class RunningSet:
         index = self._num_logged
         log, decoders = self.log, self.decoders
         finished: list[Request] = []
-        if self._decode:
+        speculation, verifiers = self.speculation, self.verifiers
+        if self._decode and verifiers is not None:
+            finished = verifiers.run(index, log)
+        elif self._decode:
             decoders.steps += 1
             log.decode_step.append(index)
             finishing = decoders.pop_finished()
             if finishing:
                 finished = [request for _, request in finishing]
         for request, n in self._rows:
+            if speculation is not None and request.emitted and request.num_pending == 1:
+                speculation.verify(request, index, log)
+                if request.emitted == request.output_tokens:
+                    finished.append(request)
+                continue
             request.computed += n
             if request.computed == request.prompt_tokens + request.emitted:
                 request.emitted += 1
@@ -328,6 +351,7 @@ class RunningSet:
         else:
             self.explicit.remove(request)
         request.finish = at
+        request.accepted_draws = None
         self.num_finished += 1
         if self.batch is None:
             self.kv.release(request)

@@ -18,7 +18,8 @@ It waits on the SimPy clock for the step's end only when something could see it:
 event before that end. Otherwise the step is carried out without a timeout at all, the server's
 clock ahead of SimPy's (the clock's next event is later, so nothing could see it).
 
-A decode-only step (only the decoders, nothing admitted or preempted) is priced for the k steps it
+Under speculative decoding (`simulator.engine.speculation`) every step is taken as a general one.
+Otherwise a decode-only step (only the decoders, nothing admitted or preempted) is priced for the k steps it
 repeats until the next event (`simulator.engine.stretch`): a finish, a KV shortfall, the eviction
 of part of a prefix-cache hit the policy read, the time limit, or the next event that could see it
 (`horizon`: the clock's next event, an arrival; in a fleet the next arrival only, since other
@@ -43,6 +44,7 @@ from simulator.engine.kv import KVBlocks, WaitingWithHits
 from simulator.engine.queues import make_queues
 from simulator.engine.request import Request
 from simulator.engine.running import RunningSet
+from simulator.engine.speculation import Speculation
 from simulator.engine.step import Policy, PolicyError, Step
 from simulator.engine.steplog import StepLog
 from simulator.errors import InputError
@@ -60,7 +62,7 @@ class Server:
 
     def __init__(self, env: Clock, policy: Policy, cost: CostModel, kv: KVBlocks, log: StepLog,
                  time_limit: float | None = None, on_finish: Callable[[Request, float], None] | None = None,
-                 on_step: Callable[[int, float], None] | None = None) -> None:
+                 on_step: Callable[[int, float], None] | None = None, speculation: Speculation | None = None) -> None:
         self.env = env
         self.policy = policy
         self.cost = cost
@@ -69,7 +71,9 @@ class Server:
         self.on_step = on_step
         """Told (requests finished, clock) before every step: a progress bar."""
         waiting, order = make_queues(policy.scheduling)
-        self.running_set = RunningSet(kv, waiting, order, log, on_finish)
+        self.running_set = RunningSet(kv, waiting, order, log, on_finish, speculation)
+        self.speculative = speculation is not None
+        """Speculative decoding: every step is taken alone (its tokens are drawn, no stretch prices them)."""
         # The policy's view reads these three as they are (the rest of it below, as properties);
         # `prefilling` is the running set's list of explicit rows, which it changes in place.
         self.kv = kv
@@ -144,7 +148,7 @@ class Server:
 
     def _serve(self) -> Process:
         on_step, policy, running, kv = self.on_step, self.policy, self.running_set, self.kv
-        decoders, read_hits = running.decoders, kv.read_hits
+        decoders, read_hits, speculative = running.decoders, kv.read_hits, self.speculative
         while True:
             if on_step is not None:
                 on_step(running.num_finished, self.clock)
@@ -153,7 +157,7 @@ class Server:
             decode = step.decode and decoders.count > 0
             if not step.tokens and not decode:
                 yield from self._sleep(step.wake_at)
-            elif not step.tokens and decoders.blocks_needed() <= kv.num_free:
+            elif not step.tokens and not speculative and decoders.blocks_needed() <= kv.num_free:
                 yield from self._decode(step.wake_at)
             else:
                 yield from self._step(step)

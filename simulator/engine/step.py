@@ -22,7 +22,8 @@ its registry):
   the engine takes what is still cached of it.
 - `view.prefilling` lists the running requests with prompt (or recomputation) left, in admission
   order; each may be given up to `request.num_pending` tokens.
-- `Step(decode=True)` runs every decoder for one token. When the order of the running set matters
+- `Step(decode=True)` runs every decoder for one token (under speculative decoding, one verify step
+  of 1 to k + 1 tokens, `simulator.engine.speculation`). When the order of the running set matters
   (a token budget that runs out among running requests), `view.running()` hands over the whole
   running set in admission order (O(batch)); the policy then names every request that computes,
   decoders with 1 token, and leaves `decode` False.
@@ -122,6 +123,12 @@ class Policy(Protocol):
         """May its admissions start after a cached prefix (`simulator.engine.kv`)? A policy that computes
         every prompt whole (a padded batch, each row as long as the longest) says no, and the run
         then keeps no prefix cache."""
+
+    @property
+    def speculates(self) -> bool:
+        """May its decoders verify draft tokens, advancing by several tokens a step (speculative
+        decoding, `simulator.engine.speculation`)? A padded batch, whose rows keep the batch's length,
+        says no, and a run refuses speculative decoding with it."""
 
     def __call__(self, view: View) -> Step: ...
 

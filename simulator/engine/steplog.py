@@ -36,6 +36,10 @@ def _ints() -> array:
     return array(_INT)
 
 
+def _counters() -> array:
+    return array("q")
+
+
 @dataclass
 class StepLog:
     times: array = field(default_factory=_floats)
@@ -52,6 +56,9 @@ class StepLog:
     """Steps whose admissions queried the prefix cache, with the tokens queried and hit."""
     cache_queried: array = field(default_factory=_ints)
     cache_hit: array = field(default_factory=_ints)
+    spec_accepted: array = field(default_factory=_counters)
+    """Speculative decoding's verify steps by the draft tokens they accepted (index 0..k; empty
+    without speculation)."""
 
     def __len__(self) -> int:
         return len(self.times) >> 1

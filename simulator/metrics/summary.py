@@ -89,6 +89,27 @@ def prefix_cache_columns(log: StepLog) -> dict[str, np.ndarray]:
     return {"prefix_cache_queried_tokens": queried, "prefix_cache_hit_tokens": hit, "prefix_cache_hit_rate": rate}
 
 
+def speculative_decoding(log: StepLog) -> dict[str, Any]:
+    """vLLM's speculative decoding metrics (its `SpecDecodingStats`), from the step log's count of
+    verify steps by draft tokens accepted (none without speculation): drafts (verify steps, one per
+    sequence), draft tokens (k each), accepted tokens (as drawn, before an output's end cuts a step
+    short, as vLLM counts them), the draft acceptance rate (accepted / draft tokens), the mean
+    acceptance length (1 + accepted / drafts: tokens per verify step) and the per-position
+    acceptance rate (drafts whose position i was accepted / drafts, which is the product of the
+    conditional probabilities `--spec-acceptance` takes up to i)."""
+    counts = np.frombuffer(log.spec_accepted, dtype=np.int64) if len(log.spec_accepted) else np.zeros(0, np.int64)
+    if not len(counts):
+        return {}
+    k = len(counts) - 1
+    drafts = int(counts.sum())
+    accepted = int(np.dot(np.arange(k + 1), counts))
+    reached = np.cumsum(counts[::-1])[::-1][1:]  # drafts that accepted at least i tokens, i = 1..k
+    return {"spec_num_drafts": drafts, "spec_num_draft_tokens": k * drafts, "spec_num_accepted_tokens": accepted,
+            "spec_acceptance_rate": accepted / (k * drafts) if drafts else math.nan,
+            "spec_mean_acceptance_length": 1 + accepted / drafts if drafts else math.nan,
+            "spec_acceptance_per_position": (reached / drafts).tolist() if drafts else []}
+
+
 def describe(values: np.ndarray, percentiles: tuple[float, ...]) -> dict[str, float | None]:
     """Mean, median, population std and linear percentiles; None for an empty sample."""
     if len(values) == 0:
@@ -101,10 +122,11 @@ def describe(values: np.ndarray, percentiles: tuple[float, ...]) -> dict[str, fl
 
 
 def inter_token_latencies(tokens: pl.DataFrame) -> np.ndarray:
-    """Gaps between consecutive tokens of each request, from a tokens table sorted by request and index."""
+    """Gaps between consecutive tokens of each request, from a tokens table sorted by request and
+    index; tokens of one step (speculative decoding) are one chunk of the stream, with no gap between."""
     request_ids = tokens["request_id"].to_numpy()
     times = tokens["time"].to_numpy()
-    same = request_ids[1:] == request_ids[:-1]
+    same = (request_ids[1:] == request_ids[:-1]) & (times[1:] != times[:-1])
     return (times[1:] - times[:-1])[same]
 
 
@@ -309,6 +331,7 @@ def summarize(result: RunResult, tables: Tables) -> dict[str, Any]:
         summary["good_requests"] = int(good.sum())
         summary["request_goodput"] = rate(int(good.sum()))
     summary.update(load_state(result, tables.steps))
+    summary.update(speculative_decoding(result.log))
     summary["cost_extrapolations"] = sum(result.cost_extrapolated.values())
     summary["cost_extrapolated"] = ", ".join(f"{family}: {n}" for family, n in sorted(result.cost_extrapolated.items()))
     summary["cost_notes"] = "; ".join(result.cost_notes)

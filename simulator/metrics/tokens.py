@@ -97,7 +97,8 @@ class TokensTable:
 
 def itl_histogram(log: StepLog, keep: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Every inter-token gap pooled over requests (over those with `keep[request]` when given), as
-    sorted distinct values (seconds) and how many times each occurs."""
+    sorted distinct values (seconds) and how many times each occurs; tokens of one step are one
+    chunk of the stream, and the gaps are between chunks."""
     end = step_ends(log)
     decode_step = log.column("decode_step")
     single_request, single_step = log.column("token_request"), log.column("token_step")
@@ -114,7 +115,9 @@ def itl_histogram(log: StepLog, keep: np.ndarray | None = None) -> tuple[np.ndar
     piece_last = np.concatenate([single_step, decode_step[run_first + run_count - 1]])
     order = np.lexsort((piece_first, piece_request))
     piece_request, piece_first, piece_last = piece_request[order], piece_first[order], piece_last[order]
-    same = piece_request[1:] == piece_request[:-1]
+    # Tokens of one step (speculative decoding emits several) stream as one chunk: vllm bench
+    # serve times a gap per chunk, so they make no gap of their own.
+    same = (piece_request[1:] == piece_request[:-1]) & (piece_first[1:] != piece_last[:-1])
     junctions = end[piece_first[1:][same]] - end[piece_last[:-1][same]]
     del order, piece_request, piece_first, piece_last, same
     # Gaps inside runs: decode step g to g + 1, once per run that covers both.

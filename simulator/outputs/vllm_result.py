@@ -78,8 +78,9 @@ def vllm_result(summary: dict[str, Any], config: RunConfig, tables: Tables, perc
     finished = requests["finished"].to_numpy()
     done = requests.filter(pl.col("finished"))
     tokens = tables.tokens.filter(pl.col("request_id").is_in(done["request_id"].implode()))
+    # Tokens of one step (speculative decoding) stream as one chunk: no gap between them.
     gaps = tokens.sort("request_id", "index").group_by("request_id", maintain_order=True).agg(
-        pl.col("time").diff().drop_nulls().alias("itl"))
+        pl.col("time").diff().drop_nulls().filter(pl.col("time").diff().drop_nulls() != 0).alias("itl"))
     itl_by_request = dict(zip(gaps["request_id"].to_list(), gaps["itl"].to_list(), strict=True))
     ids = requests["request_id"].to_list()
     result: dict[str, Any] = {

@@ -17,6 +17,7 @@ from simulator.engine.clock import Clock
 from simulator.engine.kv import KVBlocks
 from simulator.engine.request import RequestColumns
 from simulator.engine.server import Server
+from simulator.engine.speculation import Speculation
 from simulator.engine.step import Policy
 from simulator.engine.steplog import StepLog
 from simulator.fleet.engine import Fleet, FleetResult, Pool
@@ -51,14 +52,16 @@ def drive(workload: Workload, time_limit: float | None, clients: ClientKind,
 
 def run_engine(policy: Policy, cost: CostModel, kv_blocks: int, block_size: int, workload: Workload,
                time_limit: float | None, on_step: Callable[[int, float], None] | None = None,
-               prefix_caching: bool = False, clients: ClientKind = workload_clients
-               ) -> tuple[RequestColumns, StepLog, float]:
-    """One server, fed by `clients` (by default the ones the workload says)."""
+               prefix_caching: bool = False, clients: ClientKind = workload_clients,
+               speculation: Speculation | None = None) -> tuple[RequestColumns, StepLog, float]:
+    """One server, fed by `clients` (by default the ones the workload says), speculating as
+    `speculation` says (`simulator.engine.speculation`) or not at all."""
     log = StepLog()
     kv = KVBlocks(kv_blocks, block_size, prefix_caching)
 
     def server(env: Clock, senders: Clients) -> Server:
-        return Server(env, policy, cost, kv, log, time_limit, on_finish=senders.on_finish, on_step=on_step)
+        return Server(env, policy, cost, kv, log, time_limit, on_finish=senders.on_finish, on_step=on_step,
+                      speculation=speculation)
 
     requests, end_time, _ = drive(workload, time_limit, clients, server)
     return requests, log, end_time

@@ -9,7 +9,7 @@ from policies import build_policy
 from simulator.config import RunConfig
 from simulator.deploy.hardware import GpuSpec
 from simulator.deploy.memory import activation_reserve_bytes, check_weights_fit, kv_capacity_blocks
-from simulator.deploy.model import ModelSpec
+from simulator.deploy.model import ModelSpec, draft_model, draft_weight_bytes
 from simulator.deploy.spec import check_data_parallel
 from simulator.engine.step import Policy
 from simulator.errors import InputError
@@ -37,23 +37,40 @@ def kv_cache_blocks(config: RunConfig, model: ModelSpec, gpu: GpuSpec, longest_p
     from its memory, or vLLM's override. Refuses a model whose weights do not fit."""
     shard = gpu_shard(config, model)
     check_weights_fit(shard, config.tensor_parallel_size, gpu.memory_bytes, config.gpu_memory_utilization)
+    weight_bytes, kv_bytes_per_token = shard.weight_bytes, shard.kv_bytes_per_token
+    method = config.speculative_method if config.speculates else None
+    drafter = None if method is None else draft_model(method, model, config.draft_model)
+    if method is not None and drafter is not None:  # beside the target: its weights, and its KV in the same blocks
+        draft = gpu_shard(config, drafter)
+        draft_bytes = draft_weight_bytes(method, draft)
+        usable = gpu.memory_bytes * config.gpu_memory_utilization
+        if weight_bytes + draft_bytes >= usable:
+            raise InputError(f"the drafter {draft.name} ({draft_bytes / 1e9:.1f} GB per GPU) does not fit beside "
+                             f"{model.name} ({weight_bytes / 1e9:.1f} GB) in the {usable / 1e9:.1f} GB usable "
+                             f"(--gpu-memory-utilization {config.gpu_memory_utilization})")
+        weight_bytes += draft_bytes
+        kv_bytes_per_token += draft.kv_bytes_per_token
     if config.num_gpu_blocks_override is not None:
         return config.num_gpu_blocks_override
     return kv_capacity_blocks(
         memory_bytes=gpu.memory_bytes, gpu_memory_utilization=config.gpu_memory_utilization,
-        weight_bytes=shard.weight_bytes, activation_bytes=step_activation_bytes(config, model, longest_prompt),
-        kv_bytes_per_token=shard.kv_bytes_per_token, block_size=config.block_size)
+        weight_bytes=weight_bytes, activation_bytes=step_activation_bytes(config, model, longest_prompt),
+        kv_bytes_per_token=kv_bytes_per_token, block_size=config.block_size)
 
 
 def check_fits(workload: Workload, config: RunConfig, model: ModelSpec, kv_blocks: int) -> None:
     """Reject requests no server of this size could ever run, before any output is written."""
     lengths = workload.prompt_tokens + workload.output_tokens
-    longest = int(np.argmax(lengths))
+    # A verify step holds KV for k + 1 tokens past its context: the last one, for prompt + output + k - 1.
+    slots = np.where(workload.output_tokens > 1, config.num_speculative_tokens - 1, 0) \
+        if config.num_speculative_tokens else np.zeros_like(lengths)
+    longest = int(np.argmax(lengths + slots))
     capacity = kv_blocks * config.block_size
-    if lengths[longest] > capacity:
-        raise InputError(f"{workload.describe(longest)} needs {lengths[longest]} tokens of KV cache "
-                         f"({workload.prompt_tokens[longest]} prompt + {workload.output_tokens[longest]} output); "
-                         f"the GPU holds {capacity} ({kv_blocks} blocks of {config.block_size})")
+    if lengths[longest] + slots[longest] > capacity:
+        drafts = f" + {slots[longest]} for the draft tokens verified in its last step" if slots[longest] else ""
+        raise InputError(f"{workload.describe(longest)} needs {lengths[longest] + slots[longest]} tokens of KV cache "
+                         f"({workload.prompt_tokens[longest]} prompt + {workload.output_tokens[longest]} output"
+                         f"{drafts}); the GPU holds {capacity} ({kv_blocks} blocks of {config.block_size})")
     if config.max_model_len is not None and config.max_model_len > model.max_model_len:
         raise InputError(f"--max-model-len {config.max_model_len} is past {model.name}'s {model.max_model_len} tokens")
     if lengths[longest] > (config.max_model_len or model.max_model_len):
