@@ -181,9 +181,6 @@ class RunConfig:
         if not build_policy(self).speculates:
             raise InputError(f"--speculative-method {method} does not apply to --policy {self.policy}: its padded "
                              "batch advances every row a token a step")
-        if is_fleet(self):
-            raise InputError(f"--speculative-method {method} runs on one server (drop --num-replicas, or "
-                             "--prefill-replicas and --decode-replicas)")
 
     @property
     def speculates(self) -> bool:

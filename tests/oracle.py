@@ -366,7 +366,7 @@ def run_oracle_fleet(pools: list[Pool], link: KVLink | None, workload: Workload,
                      on_step: Callable[[int, float], None] | None = None
                      ) -> tuple[RequestColumns, StepLog, float, FleetResult]:
     """Colocated replicas of oracle servers, each arrival (or closed-loop client's next request)
-    routed by the pool's router from the servers' walked state."""
+    routed by the pool's router from the servers' walked state; each speculating as the pool says."""
     assert link is None and len(pools) == 1, "the oracle fleet is colocated replicas"
     pool = pools[0]
     env = simpy.Environment()
@@ -388,7 +388,7 @@ def run_oracle_fleet(pools: list[Pool], link: KVLink | None, workload: Workload,
             route(at)
 
     servers = [OracleServer(env, policy, pool.cost, KVBlocks(pool.kv_blocks, pool.block_size, pool.prefix_caching),
-                            on_finish=next_client) for policy in pool.policies]
+                            on_finish=next_client, speculation=pool.speculation) for policy in pool.policies]
     for index, server in enumerate(servers):
         server.priority = NORMAL + index
     loads = [OracleLoad(server) for server in servers]

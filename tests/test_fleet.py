@@ -69,6 +69,75 @@ def test_fleet_matches_oracle(policy: str, data: st.DataObject, num_replicas: in
     assert_same_fleet(config, case.workload, unit_cost)
 
 
+@pytest.mark.parametrize("policy", ["continuous", "chunked", "priority"])
+@settings(SETTINGS, max_examples=20)
+@given(data=st.data(), num_replicas=st.integers(2, 3), router=st.sampled_from(ROUTERS),
+       limit=st.none() | st.floats(0.05, 0.95), unit_cost=st.booleans(),
+       method=st.sampled_from(["ngram", "eagle"]), k=st.integers(1, 4),
+       acceptance=st.sampled_from(["0", "1", "0.7", "0.9,0.5"]))
+def test_speculating_fleet_matches_oracle(policy: str, data: st.DataObject, num_replicas: int, router: str,
+                                          limit: float | None, unit_cost: bool, method: str, k: int,
+                                          acceptance: str) -> None:
+    """Every replica speculating with the same settings, each request drawing from its own stream:
+    the fleet engine gives the oracle fleet's tables (a squeezed KV cache given the blocks a verify
+    step's draft tokens take beyond the longest request)."""
+    if "," in acceptance and len(acceptance.split(",")) != k:
+        acceptance = acceptance.split(",")[0]
+    case = data.draw(cases(policy))
+    config = replace(case.config, num_replicas=num_replicas, router=router, seed=data.draw(st.integers(0, 3)),
+                     speculative_method=method, num_speculative_tokens=k, spec_acceptance=acceptance)
+    if config.num_gpu_blocks_override is not None:
+        config = replace(config, num_gpu_blocks_override=config.num_gpu_blocks_override + -(-k // config.block_size))
+    if limit is not None and case.workload.arrival is not None and len(case.workload.arrival):
+        config = replace(config, time_limit=max(float(case.workload.arrival[-1]) * limit, 1e-3))
+    assert_same_fleet(config, case.workload, unit_cost)
+
+
+def tokens_per_step(tables: Any) -> dict[int, list[int]]:
+    """Each request's tokens counted per distinct time, in time order."""
+    counts = tables.tokens.group_by("request_id", "time").len().sort("request_id", "time")
+    return {r: group["len"].to_list() for (r,), group in counts.group_by("request_id", maintain_order=True)}
+
+
+def test_replicas_at_acceptance_one_emit_k_plus_one_tokens_a_step() -> None:
+    """1 s steps, two replicas behind round robin, n-gram drafts of k = 3 always accepted. Each
+    replica prefills its two requests in [0, 1] (first tokens at 1), then every verify step emits
+    k + 1 = 4 tokens per request: 9-token outputs take 1 + 4 + 4 (finished at 3), 7-token ones
+    1 + 4 + 2 (the output's end cuts the second step short). Four requests, two verify steps each:
+    8 drafts of 3 tokens, all accepted as drawn."""
+    workload = Workload(prompt_tokens=np.array([20, 20, 20, 20]), output_tokens=np.array([9, 9, 7, 7]),
+                        arrival=np.zeros(4), concurrency=None)
+    config = RunConfig(policy="continuous", num_replicas=2, speculative_method="ngram", num_speculative_tokens=3,
+                       spec_acceptance="1")
+    tables, summary, end_time = assert_same_fleet(config, workload, unit_cost=True)
+    assert tables.requests["replica"].to_list() == [0, 1, 0, 1]
+    assert tokens_per_step(tables) == {0: [1, 4, 4], 1: [1, 4, 4], 2: [1, 4, 2], 3: [1, 4, 2]}
+    assert tables.requests["finish"].to_list() == [3.0] * 4 and end_time == 3.0
+    assert (summary["spec_num_drafts"], summary["spec_num_accepted_tokens"]) == (8, 24)
+    assert summary["spec_mean_acceptance_length"] == 4.0
+
+
+def test_disaggregated_pools_verify_on_the_decode_side_only() -> None:
+    """1 s steps, one prefill server and two decode servers, n-gram drafts of k = 2 always accepted.
+    The prefill server emits each request's first token and never verifies (two steps: request 0 in
+    [0, 1], requests 1 and 2, sent at 0.5 and 1, together in [1, 2]); on a decode server the
+    request's first step computes that token's KV with 2 drafts and emits 3 tokens, as every one
+    after: a 10-token output comes as 1 + 3 + 3 + 3, in 3 verify steps per request."""
+    workload = Workload(prompt_tokens=np.array([50, 50, 50]), output_tokens=np.array([10, 10, 10]),
+                        arrival=np.array([0.0, 0.5, 1.0]), concurrency=None)
+    config = RunConfig(policy="continuous", prefill_replicas=1, decode_replicas=2, speculative_method="ngram",
+                       num_speculative_tokens=2, spec_acceptance="1")
+    result = simulate_fleet(config, load_model(config.model), load_gpu(config.gpu), workload,
+                            cost=UnitCost())  # type: ignore[arg-type]
+    tables = build_tables(result)
+    summary = summarize(result, tables)
+    assert tokens_per_step(tables) == {r: [1, 3, 3, 3] for r in range(3)}
+    prefill_steps = tables.steps.filter(pl.col("server") == 0)
+    assert prefill_steps["decode_tokens"].sum() == 0 and prefill_steps.height == 2
+    assert (summary["spec_num_drafts"], summary["spec_num_accepted_tokens"]) == (9, 18)
+    assert tables.requests["decode_server"].to_list() == [1, 2, 1]
+
+
 def test_least_kv_reads_a_stretch_in_flight() -> None:
     """1 s steps, one KV block per token. Two 5-token prompts reach replica 0 at t=0 (ties go to the
     lowest index; waiting requests hold no KV) and prefill in [0, 1] (10 blocks); a 12-token prompt

@@ -197,7 +197,7 @@ def test_mtp_drafts_with_one_layer_of_the_model() -> None:
     (dict(speculative_method="draft"), "--speculative-method draft needs --draft-model"),
     (dict(draft_model="llama-3.1-8b"), "--draft-model applies only to --speculative-method draft"),
     (dict(speculative_method=None, spec_acceptance="0.5"), "--num-speculative-tokens applies only with"),
-    (dict(num_replicas=2), "runs on one server"),
+    (dict(num_replicas=2, policy="static"), "does not apply to --policy static"),
 ])
 def test_bad_settings_are_refused_in_one_line(settings: dict[str, Any], message: str) -> None:
     base = dict(speculative_method="eagle", num_speculative_tokens=4, spec_acceptance="0.7")

@@ -44,6 +44,7 @@ from simulator.engine.clock import Clock
 from simulator.engine.kv import KVBlocks
 from simulator.engine.request import Request
 from simulator.engine.server import Process, Server
+from simulator.engine.speculation import Speculation
 from simulator.engine.step import Policy
 from simulator.engine.steplog import StepLog
 from simulator.fleet.routers import Router, planned_routes
@@ -64,6 +65,9 @@ class Pool:
     router: Router
     prefix_caching: bool = False
     """Its servers keep a prefix cache (`simulator.engine.kv`)."""
+    speculation: Speculation | None = None
+    """Its servers' speculative decoding (`simulator.engine.speculation`), or None: every server
+    verifies with the same settings, each request drawing from its own stream wherever it runs."""
 
 
 @dataclass
@@ -136,7 +140,8 @@ class Fleet:
         self.env, self.pools, self.link, self.on_step = env, pools, link, on_step
         progress = self._progress if on_step is not None else None
         self.servers = [[Server(env, policy, pool.cost, KVBlocks(pool.kv_blocks, pool.block_size, pool.prefix_caching),
-                                StepLog(), time_limit, on_step=progress) for policy in pool.policies]
+                                StepLog(), time_limit, on_step=progress, speculation=pool.speculation)
+                        for policy in pool.policies]
                         for pool in pools]
         for index, server in enumerate(server for pool_servers in self.servers for server in pool_servers):
             server.priority = NORMAL + index
@@ -279,10 +284,21 @@ def merge_logs(logs: list[StepLog]) -> tuple[StepLog, np.ndarray]:
         _extend_shifted(merged.token_step, log.token_step, step_offset)
         _extend_shifted(merged.decode_step, log.decode_step, step_offset)
         _extend_shifted(merged.run_first, log.run_first, decode_offset)
+        _add_counts(merged.spec_accepted, log.spec_accepted)
         servers.append(np.full(len(log), index, dtype=np.int64))
         step_offset += len(log)
         decode_offset += len(log.decode_step)
     return merged, np.concatenate(servers) if servers else np.zeros(0, dtype=np.int64)
+
+
+def _add_counts(total: array, counts: array) -> None:
+    """`counts` added into `total` element by element (an empty `total` takes them as they are)."""
+    if not len(total):
+        total.extend(counts)
+        return
+    assert len(counts) in (0, len(total)), "every speculating server drafts the same k tokens"
+    for i, count in enumerate(counts):
+        total[i] += count
 
 
 def _extend_shifted(target: array, values: array, offset: int) -> None:

@@ -8,10 +8,11 @@ from __future__ import annotations
 from dataclasses import replace
 
 from policies import build_policy
-from simulator.config import RunConfig, disaggregated
+from simulator.config import RunConfig, disaggregated, spec_acceptance
 from simulator.cost import CostModel, build_cost_model
 from simulator.deploy.hardware import GpuSpec, load_gpu
 from simulator.deploy.model import ModelSpec
+from simulator.engine.speculation import Speculation
 from simulator.errors import InputError
 from simulator.fleet.engine import Pool
 from simulator.fleet.routers import build_router
@@ -37,11 +38,24 @@ def pool_configs(config: RunConfig) -> list[tuple[str, int, RunConfig]]:
                                                        gpu=config.decode_gpu or config.gpu))]
 
 
+def build_speculation(config: RunConfig) -> Speculation | None:
+    """The run's speculative decoding (`simulator.engine.speculation`), or None: k draft tokens,
+    one acceptance probability per position (a single one stands for every position), the run's seed."""
+    if not config.speculates:
+        return None
+    assert config.num_speculative_tokens is not None and config.spec_acceptance is not None, "RunConfig checked"
+    k = config.num_speculative_tokens
+    return Speculation(k, spec_acceptance(config.spec_acceptance, k), config.seed)
+
+
 def build_pools(config: RunConfig, model: ModelSpec, gpu: GpuSpec, workload: Workload, cost: CostModel | None = None
                 ) -> tuple[list[Pool], KVLink | None]:
     """The pools (fresh policies and routers) and, for P/D, the KV link; refuses a workload a pool
     could never serve, before anything runs. `cost` replaces every pool's cost model. `gpu` is the
-    run's `--gpu`; a pool on another GPU type loads its own profile."""
+    run's `--gpu`; a pool on another GPU type loads its own profile. Under speculative decoding
+    every server that decodes verifies with the run's settings; a prefill server never verifies
+    (its requests end at their first token) but, priced and sized with the drafter as every server
+    is, runs the drafter over its prompts."""
     longest = int(workload.prompt_tokens.max())
     pools = []
     for index, (role, count, pool_config) in enumerate(pool_configs(config)):
@@ -53,7 +67,8 @@ def build_pools(config: RunConfig, model: ModelSpec, gpu: GpuSpec, workload: Wor
         caching = keeps_prefix_cache(config, workload, policies[0]) and role != "decode"
         pools.append(Pool(role, policies, cost or build_cost_model(pool_config, model, pool_gpu), kv_blocks,
                           config.block_size, build_router(config.router, count, workload.num_requests, config.seed,
-                                                          index), caching))
+                                                          index), caching,
+                          build_speculation(pool_config) if role != "prefill" else None))
     link = None
     if disaggregated(config):
         kv_bytes = max(gpu_shard(pool_config, model).kv_bytes_per_token for _, _, pool_config in pool_configs(config))

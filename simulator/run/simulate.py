@@ -8,11 +8,10 @@ from dataclasses import replace
 
 import numpy as np
 
-from simulator.config import RunConfig, is_fleet, spec_acceptance
+from simulator.config import RunConfig, is_fleet
 from simulator.cost import CostModel
 from simulator.deploy.hardware import load_gpu
 from simulator.deploy.model import load_model
-from simulator.engine.speculation import Speculation
 from simulator.run.clients import ClientKind, pool_content, pool_draws, workload_clients
 from simulator.run.driver import Engine, run_engine, run_progress
 from simulator.run.pools import build_pools, simulate_fleet
@@ -63,16 +62,6 @@ def _lengths_and_arrivals(config: RunConfig) -> Workload:
         num_requests=num_requests, duration=config.duration, seed=config.seed)
 
 
-def build_speculation(config: RunConfig) -> Speculation | None:
-    """The run's speculative decoding (`simulator.engine.speculation`), or None: k draft tokens,
-    one acceptance probability per position (a single one stands for every position), the run's seed."""
-    if not config.speculates:
-        return None
-    assert config.num_speculative_tokens is not None and config.spec_acceptance is not None, "RunConfig checked"
-    k = config.num_speculative_tokens
-    return Speculation(k, spec_acceptance(config.spec_acceptance, k), config.seed)
-
-
 def simulate(config: RunConfig, workload: Workload | None = None, cost: CostModel | None = None,
              engine: Engine | None = None, progress: bool = False, clients: ClientKind = workload_clients
              ) -> RunResult:
@@ -87,8 +76,7 @@ def simulate(config: RunConfig, workload: Workload | None = None, cost: CostMode
         assert engine is None, "a fleet's oracle engine goes to pools.simulate_fleet"
         return simulate_fleet(config, model, gpu, workload, progress, cost=cost, clients=clients)
     [pool], _ = build_pools(config, model, gpu, workload, cost)  # one pool of one server
-    policy, limit, caching = pool.policies[0], config.time_limit, pool.prefix_caching
-    speculation = build_speculation(config)
+    policy, limit, caching, speculation = pool.policies[0], config.time_limit, pool.prefix_caching, pool.speculation
     if engine is not None:
         requests, log, end_time = engine(policy, pool.cost, pool.kv_blocks, pool.block_size, workload, limit,
                                          prefix_caching=caching, speculation=speculation)
