@@ -41,6 +41,10 @@ class Scheduler:
     enable_prefix_caching: bool = DEFAULTS["enable_prefix_caching"]
     num_dataset_entries: int | None = None
     fp8_kv_with_fp8_weights: bool = False
+    speculation: tuple[str, int, str] | None = None
+    """Speculative decoding every server runs with, as (method, k, acceptance): `RunConfig`'s
+    `speculative_method`, `num_speculative_tokens`, `spec_acceptance` (None: none); a hypothesis
+    about how the points were served, not a stack default."""
 
     @classmethod
     def of(cls, stack: StackDefaults, num_dataset_entries: int | None = None) -> Scheduler:
@@ -74,8 +78,9 @@ def client_time(gpu: str) -> float:
 def point_config(point: MeasuredPoint, gpu: str, seed: int = 0, scheduler: Scheduler = DEFAULT_SCHEDULER) -> RunConfig:
     """The point's deployment on profile `gpu`; `scheduler`: the server's settings (the default one,
     vLLM serve's, stands for the stock scheduler of the point's stack: `simulator.deploy.backends`)."""
-    if scheduler == DEFAULT_SCHEDULER and point.backend != "vllm":
-        scheduler = Scheduler.of(stack_defaults(point.backend))
+    if replace(scheduler, speculation=None) == DEFAULT_SCHEDULER and point.backend != "vllm":
+        scheduler = replace(Scheduler.of(stack_defaults(point.backend)), speculation=scheduler.speculation)
+    method, k, acceptance = scheduler.speculation or (None, None, None)
     fp8_kv = scheduler.fp8_kv_with_fp8_weights and point.quantization == "fp8"
     return RunConfig(policy=scheduler.policy, model=point.model, gpu=gpu, cost="measured",
                      tensor_parallel_size=point.tensor_parallel_size, quantization=point.quantization,
@@ -83,6 +88,7 @@ def point_config(point: MeasuredPoint, gpu: str, seed: int = 0, scheduler: Sched
                      max_num_batched_tokens=scheduler.max_num_batched_tokens, max_num_seqs=scheduler.max_num_seqs,
                      enable_prefix_caching=scheduler.enable_prefix_caching, backend=point.backend,
                      num_dataset_entries=scheduler.num_dataset_entries, kv_cache_dtype="fp8" if fp8_kv else "auto",
+                     speculative_method=method, num_speculative_tokens=k, spec_acceptance=acceptance,
                      **deployment_settings(point))
 
 
