@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import csv
 from collections import Counter, defaultdict
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -19,7 +20,7 @@ from simulator.deploy.resolve import ModelResolver
 from simulator.errors import InputError
 from simulator.run.pools import build_pools
 from simulator.run.sizing import gpu_shard
-from simulator.sim2real.compare import default_profile, point_config, point_workload
+from simulator.sim2real.compare import Scheduler, default_profile, point_config, point_workload
 from simulator.sim2real.measured import read_measured
 from simulator.sim2real.points import Reading
 from simulator.sim2real.silicon import unsquared
@@ -49,6 +50,24 @@ def test_a_data_parallel_row_is_one_server_per_rank_sharing_its_experts(tmp_path
     # Each GPU holds 256 / 8 = 32 routed experts whole; the dense layers and attention unsplit.
     assert gpu_shard(config, model).expert_parallel == 8
     assert model.num_experts // 8 == 32
+
+
+def test_a_speculating_rerun_is_the_same_deployment_with_every_server_verifying(tmp_path: Path) -> None:
+    """`Scheduler.speculation` (compare_models' --speculative) adds speculative decoding to a row's
+    deployment and changes nothing else: the stack's own scheduler, the 8 data-parallel ranks as 8
+    servers, each verifying with the same settings."""
+    row = AGG | {"model_path": "deepseek-ai/DeepSeek-R1", "backend": "trtllm", "silicon_data_source": "",
+                 "precision": "fp8", "gemm_quant_mode": "fp8", "moe_quant_mode": "fp8", "batch_size": "4",
+                 "tp_size": "1", "attention_dp_size": "8", "moe_tp_size": "1", "moe_ep_size": "8"}
+    point = read(tmp_path, row).points[0]
+    plain = point_config(point, "h200_sxm")
+    config = point_config(point, "h200_sxm", scheduler=Scheduler(speculation=("mtp", 1, "0.85")))
+    assert (config.speculative_method, config.num_speculative_tokens, config.spec_acceptance) == ("mtp", 1, "0.85")
+    assert replace(config, speculative_method=None, num_speculative_tokens=None, spec_acceptance=None) == plain
+    model = load_model(config.model)
+    [pool], _ = build_pools(config, model, load_gpu(config.gpu), point_workload(point))
+    assert len(pool.policies) == 8 and pool.speculation is not None
+    assert (pool.speculation.num_tokens, pool.speculation.acceptance) == (1, (0.85,))
 
 
 def test_a_dense_rows_attention_data_parallelism_is_replicas(tmp_path: Path) -> None:
