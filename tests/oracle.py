@@ -24,7 +24,7 @@ import simpy
 from simpy.events import NORMAL, URGENT, Timeout
 
 from simulator.cost import CostModel, StepShape
-from simulator.engine.kv import KVBlocks
+from simulator.engine.kv import HostTier, KVBlocks
 from simulator.engine.request import Request, RequestColumns
 from simulator.engine.server import PolicyStalledError
 from simulator.engine.step import Policy, PolicyError, Step
@@ -148,7 +148,7 @@ class OracleServer:
                 self._sleeping = False
                 continue
             num_preempted = self._allocate(rows)
-            queried, hit = kv.queried_tokens, kv.hit_tokens
+            queried, hit, host_hit = kv.queried_tokens, kv.hit_tokens, kv.host_hit_tokens
             for request, n in admits:
                 self._admit(request, n, step)
             all_rows = rows + admits
@@ -156,7 +156,7 @@ class OracleServer:
                 for request, n in all_rows:
                     if not request.is_decoding:
                         kv.register(request, request.computed + n)
-            cache_stats = (kv.queried_tokens - queried, kv.hit_tokens - hit)
+            cache_stats = (kv.queried_tokens - queried, kv.hit_tokens - hit, kv.host_hit_tokens - host_hit)
             if step.batch is not None:
                 self.batch, self.batch_prompt = [r for r, _ in admits], step.batch.prompt_len
                 shape = StepShape.from_rows([(self.batch_prompt, self.batch_prompt)] * len(admits))
@@ -168,6 +168,8 @@ class OracleServer:
                 shape = StepShape.from_rows([(n, r.computed + n) for r, n in all_rows])
             start = self.env.now
             duration = self.cost.step_time(shape)
+            if kv.loading:  # the admissions' host-tier hits, loaded before the step computes
+                duration += kv.take_load_time()
             yield ArrivalTimeout(self.env, duration, self.priority)
             if cache_stats[0]:
                 self.log.cache_queries(len(self.log), *cache_stats)
@@ -256,7 +258,8 @@ class OracleServer:
 
 
 def run_oracle(policy: Policy, cost: CostModel, kv_blocks: int, block_size: int, workload: Workload,
-               time_limit: float | None, prefix_caching: bool = False) -> tuple[RequestColumns, StepLog, float]:
+               time_limit: float | None, prefix_caching: bool = False, host: HostTier | None = None
+               ) -> tuple[RequestColumns, StepLog, float]:
     env = simpy.Environment()
     requests: list[Request] = []
     priorities = workload.priority.tolist() if workload.priority is not None else [0] * workload.num_requests
@@ -275,7 +278,7 @@ def run_oracle(policy: Policy, cost: CostModel, kv_blocks: int, block_size: int,
             return request
 
         clients = SessionClients(env, workload, send, lambda delay: ArrivalTimeout(env, delay))
-        server = OracleServer(env, policy, cost, KVBlocks(kv_blocks, block_size, prefix_caching),
+        server = OracleServer(env, policy, cost, KVBlocks(kv_blocks, block_size, prefix_caching, host),
                               on_finish=clients.on_finish)
         clients.start()
     elif workload.arrival is None:
@@ -283,12 +286,12 @@ def run_oracle(policy: Policy, cost: CostModel, kv_blocks: int, block_size: int,
             if len(requests) < workload.num_requests:
                 server.submit(make_request(at))
 
-        server = OracleServer(env, policy, cost, KVBlocks(kv_blocks, block_size, prefix_caching), on_finish=next_client)
+        server = OracleServer(env, policy, cost, KVBlocks(kv_blocks, block_size, prefix_caching, host), on_finish=next_client)
         assert workload.concurrency is not None
         for _ in range(min(workload.concurrency, workload.num_requests)):
             server.submit(make_request(0.0))
     else:
-        server = OracleServer(env, policy, cost, KVBlocks(kv_blocks, block_size, prefix_caching))
+        server = OracleServer(env, policy, cost, KVBlocks(kv_blocks, block_size, prefix_caching, host))
 
         def arrive() -> Generator[simpy.Event, Any, None]:
             for t in workload.arrival.tolist():  # type: ignore[union-attr]

@@ -43,16 +43,38 @@ With it (vLLM V1's automatic prefix caching, `KVBlocks(caching=True)`):
   not hit each other's blocks (vLLM's scheduler can; here they are registered after the step's
   admissions).
 - Statistics as vLLM's: tokens queried (prompt + emitted at each admission) and hit.
+
+With a host tier (`--kv-offload-gb`, `HostTier`; prefix caching on), blocks the GPU cache evicts
+go to host memory instead of being forgotten:
+
+- Stores. A cached block popped from the free queue (evicted) is stored on the host under its
+  key, in eviction order, as the most recently used; a key already there is only made the most
+  recently used. Past `HostTier.blocks` the least recently used host block is dropped. Stores cost
+  no step time: they cross the link's device-to-host direction, which loads do not use (PCIe is
+  full duplex), and are counted (`stored_blocks`).
+- Hits. After a request's GPU hit (its longest prefix of GPU-cached blocks) come the blocks found
+  on the host, one after another up to the first that is not there, within the same limit: the hit
+  is the GPU part then the host part (`hit_blocks` counts both, `computed` their tokens). A host
+  block that is also cached on the GPU again (loaded back before) counts where it falls.
+- Loads. At admission (`take_hit`) the host part, as far as it is still on the host, is loaded:
+  each of those keys, in block order, becomes the host's most recently used; the request holds GPU
+  blocks for them as for tokens it computes (`extra_blocks` charges them) and registers them as it
+  registers computed blocks. The step that admits it waits for its loads: `take_load_time`, the
+  blocks loaded since the last call times `HostTier.block_bytes` over `HostTier.bandwidth`, is
+  added to the step's time by the server.
+- Decode stretches. While a looked-up hit has a host part, a stretch stops before it evicts any
+  cached block (`room_sparing_hits`): an eviction could lengthen that hit (the next block coming to
+  the host) or, dropping a host block, shorten it.
 """
 
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Iterator
 from dataclasses import dataclass
 from itertools import compress, count
-from typing import Any
+from typing import Any, Final
 
 from mypy_extensions import mypyc_attr
 
@@ -71,6 +93,22 @@ class Span:
     refs: int
 
 
+@dataclass(frozen=True)
+class HostTier:
+    """Host memory holding blocks the GPU prefix cache evicted (the module docstring)."""
+
+    blocks: int
+    """How many blocks it holds."""
+    block_bytes: int
+    """Bytes of one block on each GPU (its tensor-parallel shard), which crosses that GPU's own link."""
+    bandwidth: float
+    """Bytes/s of each GPU's host link, host to device."""
+
+
+HOST_READ: Final = Span([], 0, 0, 0)
+"""Marks in `KVBlocks.read_hits` a looked-up hit with a host part."""
+
+
 @mypyc_attr(allow_interpreted_subclasses=True)  # tests/kv_reference.py checks it block by block (setup.py)
 @dataclass
 class KVBlocks:
@@ -81,11 +119,21 @@ class KVBlocks:
     num_blocks: int
     block_size: int
     caching: bool = False
+    host: HostTier | None = None
+    """A host tier under the prefix cache (with `caching` only)."""
 
     def __post_init__(self) -> None:
         self.num_free = self.num_blocks
         self.queried_tokens = 0
         self.hit_tokens = 0
+        self.host_hit_tokens = 0
+        """Of `hit_tokens`, those loaded from the host tier."""
+        self.stored_blocks = 0
+        """Blocks stored on the host (new there) so far."""
+        self.loading = 0
+        """Blocks loaded from the host since `take_load_time` was last called."""
+        self._host: OrderedDict[int, None] = OrderedDict()
+        """The host tier's keys, least recently used first."""
         self._starts: dict[int, Span] = {}
         """Each cached span by its first block's key (a cached key is in one span)."""
         self._queue: deque[Span | list[int]] = deque([[self.num_blocks]])
@@ -124,6 +172,8 @@ class KVBlocks:
             entry = queue[0]
             if isinstance(entry, Span):
                 count = min(n, entry.end - entry.first)
+                if self.host is not None and count:
+                    self._store(entry.keys, entry.end - count, entry.end)
                 entry.end -= count
                 self._num_cached -= count
                 if entry.end == entry.first:
@@ -136,6 +186,41 @@ class KVBlocks:
                 if not entry[0]:
                     queue.popleft()
             n -= count
+
+    def _store(self, keys: list[int], first: int, end: int) -> None:
+        """Evicted blocks `keys[first:end]`, the last first (as the free queue pops them), to the host."""
+        host = self._host
+        assert self.host is not None
+        for i in range(end - 1, first - 1, -1):
+            key = keys[i]
+            if key in host:
+                host.move_to_end(key)
+                continue
+            host[key] = None
+            self.stored_blocks += 1
+            if len(host) > self.host.blocks:
+                host.popitem(last=False)
+
+    @property
+    def num_host_blocks(self) -> int:
+        """Blocks the host tier holds."""
+        return len(self._host)
+
+    def take_load_time(self) -> float:
+        """Seconds the loads since the last call take on the host link (bytes / bandwidth); the
+        step that made them waits for them."""
+        host = self.host
+        assert host is not None
+        seconds = self.loading * host.block_bytes / host.bandwidth
+        self.loading = 0
+        return seconds
+
+    def _host_part(self, keys: list[int], first: int, end: int) -> int:
+        """Where the run of keys on the host from `first` on stops, at most `end`."""
+        host = self._host
+        while first < end and keys[first] in host:
+            first += 1
+        return first
 
     def grow(self, request: Request, tokens: int) -> None:
         extra = self.extra_blocks(request, tokens)
@@ -247,6 +332,11 @@ class KVBlocks:
                 in_use += stop - first
             else:
                 self.read_hits.append((span, stop))
+        if self.host is not None and hits < limit:
+            on_host = self._host_part(keys, hits, limit)
+            if on_host > hits:
+                self.read_hits.append((HOST_READ, on_host))
+                hits = on_host
         request.computed = hits * self.block_size
         request.hit_blocks = hits
         request.hit_in_use = in_use
@@ -283,7 +373,8 @@ class KVBlocks:
 
     def room_sparing_hits(self, cap: int) -> int:
         """Blocks `take` can pop before it evicts a block of a hit in `read_hits` (a hit the
-        policy read, which would shrink), or `cap` if at least that many."""
+        policy read, which would shrink), or any cached block while such a hit has a host part;
+        or `cap` if at least that many."""
         if not self.read_hits:
             return cap
         stops: dict[Span, int] = {}
@@ -294,6 +385,8 @@ class KVBlocks:
             if room >= cap:
                 break
             if isinstance(entry, Span):
+                if HOST_READ in stops and entry.end > entry.first:
+                    return min(cap, room)
                 if entry in stops:
                     return min(cap, room + entry.end - stops[entry])
                 room += entry.end - entry.first
@@ -324,13 +417,21 @@ class KVBlocks:
             hits = stop
         if hits:
             _hold(request, hits, cached=True)
+        loaded = 0
+        if self.host is not None and hits < request.hit_blocks:
+            loaded = self._host_part(keys, hits, request.hit_blocks) - hits
+            for key in keys[hits:hits + loaded]:
+                self._host.move_to_end(key)
+            self.loading += loaded
         request.blocks = hits
-        request.computed = hits * self.block_size
+        request.computed = (hits + loaded) * self.block_size
         request.hit_blocks = request.hit_in_use = 0
         self.queried_tokens += request.prompt_tokens + request.emitted
         self.hit_tokens += request.computed
+        self.host_hit_tokens += loaded * self.block_size
         if request.scheduled != request.scheduled:  # NaN: its first admission
             request.cached_tokens = request.computed
+            request.cached_tokens_host = loaded * self.block_size
 
     def _hit_limit(self, request: Request, keys: list[int]) -> int:
         """The most blocks a hit may hold: full blocks only, the last token left to compute."""

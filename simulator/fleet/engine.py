@@ -41,7 +41,7 @@ from simpy.events import NORMAL
 
 from simulator.cost import CostModel
 from simulator.engine.clock import Clock
-from simulator.engine.kv import KVBlocks
+from simulator.engine.kv import HostTier, KVBlocks
 from simulator.engine.request import Request
 from simulator.engine.server import Process, Server
 from simulator.engine.step import Policy
@@ -64,6 +64,8 @@ class Pool:
     router: Router
     prefix_caching: bool = False
     """Its servers keep a prefix cache (`simulator.engine.kv`)."""
+    host: HostTier | None = None
+    """Its servers' KV host tier (`--kv-offload-gb`; one server only: `simulator.config`)."""
 
 
 @dataclass
