@@ -59,6 +59,9 @@ def format_summary(summary: dict[str, Any], config: RunConfig, metrics: tuple[st
         f"{'preemptions':<40}{summary['preemptions']}",
         *([f"{'prefix cache hit rate':<40}{summary['prefix_cache_hit_rate']:.2%}"]
           if summary["prefix_cache_queried_tokens"] else []),
+        *([f"{'  of it on GPU / host (KV offload)':<40}{summary['prefix_cache_hit_rate_gpu']:.2%} / "
+           f"{summary['prefix_cache_hit_rate_host']:.2%}"]
+          if summary["prefix_cache_queried_tokens"] and "kv_offload_blocks" in summary else []),
         f"{'GPU busy (share of the run)':<40}{summary['utilisation']:.1%}",
     ]
     if "request_goodput" in summary:

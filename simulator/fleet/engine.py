@@ -278,6 +278,7 @@ def merge_logs(logs: list[StepLog]) -> tuple[StepLog, np.ndarray]:
         _extend_shifted(merged.cache_step, log.cache_step, step_offset)
         merged.cache_queried.extend(log.cache_queried)
         merged.cache_hit.extend(log.cache_hit)
+        merged.cache_host_hit.extend(log.cache_host_hit)
         _extend_shifted(merged.token_step, log.token_step, step_offset)
         _extend_shifted(merged.decode_step, log.decode_step, step_offset)
         _extend_shifted(merged.run_first, log.run_first, decode_offset)
