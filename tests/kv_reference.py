@@ -165,12 +165,13 @@ class ReferenceKVBlocks(KVBlocks):
             held.append(key)
         loaded = 0
         for key in keys[len(held):request.hit_blocks]:
-            if key not in self._host_used:
+            if key not in self._host_used or loaded == self.num_free:
                 break
             self._use(key)
             loaded += 1
         self.loading += loaded
-        request.blocks = len(held)
+        self.take(loaded)
+        request.blocks = len(held) + loaded
         request.computed = (len(held) + loaded) * self.block_size
         request.hit_blocks = request.hit_in_use = 0
         self.queried_tokens += request.prompt_tokens + request.emitted

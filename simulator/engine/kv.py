@@ -56,10 +56,10 @@ go to host memory instead of being forgotten:
   on the host, one after another up to the first that is not there, within the same limit: the hit
   is the GPU part then the host part (`hit_blocks` counts both, `computed` their tokens). A host
   block that is also cached on the GPU again (loaded back before) counts where it falls.
-- Loads. At admission (`take_hit`) the host part, as far as it is still on the host, is loaded:
-  each of those keys, in block order, becomes the host's most recently used; the request holds GPU
-  blocks for them as for tokens it computes (`extra_blocks` charges them) and registers them as it
-  registers computed blocks. The step that admits it waits for its loads: `take_load_time`, the
+- Loads. At admission (`take_hit`) the host part, as far as it is still on the host and free
+  blocks allow, is loaded: each of those keys, in block order, becomes the host's most recently
+  used, then the request takes a GPU block for each from the free queue (`extra_blocks` charged
+  them, as blocks for tokens it computes) and registers them as it registers computed blocks. The step that admits it waits for its loads: `take_load_time`, the
   blocks loaded since the last call times `HostTier.block_bytes` over `HostTier.bandwidth`, is
   added to the step's time by the server.
 - Decode stretches. While a looked-up hit has a host part, a stretch stops before it evicts any
@@ -419,11 +419,12 @@ class KVBlocks:
             _hold(request, hits, cached=True)
         loaded = 0
         if self.host is not None and hits < request.hit_blocks:
-            loaded = self._host_part(keys, hits, request.hit_blocks) - hits
+            loaded = min(self._host_part(keys, hits, request.hit_blocks) - hits, self.num_free)
             for key in keys[hits:hits + loaded]:
                 self._host.move_to_end(key)
             self.loading += loaded
-        request.blocks = hits
+            self.take(loaded)  # the GPU blocks they are loaded into
+        request.blocks = hits + loaded
         request.computed = (hits + loaded) * self.block_size
         request.hit_blocks = request.hit_in_use = 0
         self.queried_tokens += request.prompt_tokens + request.emitted
