@@ -25,6 +25,7 @@ import statistics
 import time
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -57,26 +58,35 @@ def speed(sizes: list[int], repeat: int) -> None:
             print(f"{name:<28}{n:>9}{off:>9.2f}{on_:>9.2f}{on_ / off:>10.2f}")
 
 
-def mooncake(num_requests: int, trace_speed: float, offload: str | None = None) -> None:
+def mooncake_runs(num_requests: int, trace_speed: float, offload: str | None = None) -> list[tuple[str, Any]]:
+    """The replay's runs, (label, RunConfig): the cache on; with `offload`, on with a host tier of
+    that many GB ('trace': every block the replayed requests compute) and on with a GPU cache of
+    every such block (which never evicts); the cache off."""
     from simulator.config import RunConfig
     from simulator.deploy.model import load_model
-    from simulator.metrics.summary import build_tables, summarize
-    from simulator.run.simulate import simulate
     from simulator.run.sizing import gpu_shard
     from workloads import read_trace
 
     config = RunConfig(policy="chunked", trace=str(MOONCAKE), num_requests=num_requests, trace_speed=trace_speed)
-    print(f"Mooncake conversation trace, first {num_requests} requests at {trace_speed:g}x, {config.model} on "
-          f"{config.gpu}, {config.policy}:")
-    trace = read_trace(config.trace, speed=trace_speed, limit=num_requests)  # type: ignore[arg-type]
-    every_block = int(np.sum(-(-(trace.prompt_tokens + trace.output_tokens) // config.block_size)))
-    block_gb = gpu_shard(config, load_model(config.model)).kv_bytes_per_token * config.block_size / 1e9
-    runs = [("on", config)]
+    runs: list[tuple[str, Any]] = [("on", config)]
     if offload is not None:
+        trace = read_trace(str(MOONCAKE), speed=trace_speed, limit=num_requests)
+        every_block = int(np.sum(-(-(trace.prompt_tokens + trace.output_tokens) // config.block_size)))
+        block_gb = gpu_shard(config, load_model(config.model)).kv_bytes_per_token * config.block_size / 1e9
         gb = every_block * block_gb if offload == "trace" else float(offload)
         runs += [(f"on + {gb:.0f} GB host", replace(config, kv_offload_gb=gb)),
                  ("on, GPU unbounded", replace(config, num_gpu_blocks_override=every_block))]
-    runs.append(("off", replace(config, enable_prefix_caching=False)))
+    return [*runs, ("off", replace(config, enable_prefix_caching=False))]
+
+
+def mooncake(num_requests: int, trace_speed: float, offload: str | None = None) -> None:
+    from simulator.metrics.summary import build_tables, summarize
+    from simulator.run.simulate import simulate
+
+    runs = mooncake_runs(num_requests, trace_speed, offload)
+    config = runs[0][1]
+    print(f"Mooncake conversation trace, first {num_requests} requests at {trace_speed:g}x, {config.model} on "
+          f"{config.gpu}, {config.policy}:")
     print(f"{'prefix caching':<22}{'hit rate':>10}{'GPU':>8}{'host':>8}{'mean TTFT s':>13}{'median':>9}{'p99':>9}"
           f"{'kept up':>9}")
     for label, run in runs:
@@ -101,6 +111,13 @@ def mooncake(num_requests: int, trace_speed: float, offload: str | None = None) 
         print(f"  {at:>8.0f} s {share:>6.1%} {'#' * round(share * 50)}")
 
 
+def offload_size(text: str) -> str:
+    """`--kv-offload-gb`: GB (a number) or 'trace'."""
+    if text != "trace":
+        float(text)  # argparse says "invalid offload_size value" for what is not a number
+    return text
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("what", choices=["speed", "mooncake"])
@@ -108,7 +125,7 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3, help="speed: runs of each, alternating on and off")
     parser.add_argument("--num-requests", type=int, default=2000, help="mooncake: the trace's first N requests")
     parser.add_argument("--trace-speed", type=float, default=0.2, help="mooncake: replay speed")
-    parser.add_argument("--kv-offload-gb", default=None,
+    parser.add_argument("--kv-offload-gb", default=None, type=offload_size,
                         help="mooncake: also a host tier of this many GB ('trace': every block of the replay), "
                              "and a GPU cache that never evicts")
     args = parser.parse_args()

@@ -286,7 +286,8 @@ def run_oracle(policy: Policy, cost: CostModel, kv_blocks: int, block_size: int,
             if len(requests) < workload.num_requests:
                 server.submit(make_request(at))
 
-        server = OracleServer(env, policy, cost, KVBlocks(kv_blocks, block_size, prefix_caching, host), on_finish=next_client)
+        server = OracleServer(env, policy, cost, KVBlocks(kv_blocks, block_size, prefix_caching, host),
+                              on_finish=next_client)
         assert workload.concurrency is not None
         for _ in range(min(workload.concurrency, workload.num_requests)):
             server.submit(make_request(0.0))

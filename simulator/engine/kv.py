@@ -59,9 +59,10 @@ go to host memory instead of being forgotten:
 - Loads. At admission (`take_hit`) the host part, as far as it is still on the host and free
   blocks allow, is loaded: each of those keys, in block order, becomes the host's most recently
   used, then the request takes a GPU block for each from the free queue (`extra_blocks` charged
-  them, as blocks for tokens it computes) and registers them as it registers computed blocks. The step that admits it waits for its loads: `take_load_time`, the
-  blocks loaded since the last call times `HostTier.block_bytes` over `HostTier.bandwidth`, is
-  added to the step's time by the server.
+  them, as blocks for tokens it computes) and registers them as it registers computed blocks. The
+  step that admits it waits for its loads: `take_load_time`, the blocks loaded since the last call
+  times `HostTier.block_bytes` over `HostTier.bandwidth`, is added to the step's time by the server
+  (vLLM's connector loads asynchronously instead: docs/concepts/kv-cache.md).
 - Decode stretches. While a looked-up hit has a host part, a stretch stops before it evicts any
   cached block (`room_sparing_hits`): an eviction could lengthen that hit (the next block coming to
   the host) or, dropping a host block, shorten it.

@@ -281,7 +281,8 @@ def summarize(result: RunResult, tables: Tables) -> dict[str, Any]:
     summary["prefix_cache_hit_rate"] = summary["prefix_cache_hit_tokens"] / queried if queried else math.nan
     host_hit = int(tables.steps["prefix_cache_host_hit_tokens"].sum())
     summary["prefix_cache_host_hit_tokens"] = host_hit
-    summary["prefix_cache_hit_rate_gpu"] = (summary["prefix_cache_hit_tokens"] - host_hit) / queried if queried else math.nan
+    gpu_hit = summary["prefix_cache_hit_tokens"] - host_hit
+    summary["prefix_cache_hit_rate_gpu"] = gpu_hit / queried if queried else math.nan
     summary["prefix_cache_hit_rate_host"] = host_hit / queried if queried else math.nan
     if result.host is not None:
         host = result.host

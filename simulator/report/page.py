@@ -153,8 +153,8 @@ def run_header(folder: Path, run: RunFolder, drawn: list[str]) -> str:
     if number(summary.get("prefix_cache_queried_tokens")):
         rows.append(["prefix cache hit rate", fmt(summary.get("prefix_cache_hit_rate"), ".2%")])
         if "kv_offload_blocks" in summary:
-            rows.append(["of it on GPU / host (KV offload)", f"{fmt(summary.get('prefix_cache_hit_rate_gpu'), '.2%')} / "
-                                                              f"{fmt(summary.get('prefix_cache_hit_rate_host'), '.2%')}"])
+            tiers = [fmt(summary.get(f"prefix_cache_hit_rate_{tier}"), ".2%") for tier in ("gpu", "host")]
+            rows.append(["of it on GPU / host (KV offload)", " / ".join(tiers)])
     rows += [["preemptions", str(summary["preemptions"])],
              ["GPU busy (share of the run)", fmt(summary.get("utilisation"), ".1%")],
              ["KV cache (blocks / tokens)", f"{summary['kv_blocks']} / {summary['kv_capacity_tokens']}"]]
