@@ -7,7 +7,24 @@ from __future__ import annotations
 from collections import OrderedDict, deque
 
 from simulator.engine.kv import KVBlocks
+from simulator.engine.offload import HostTier
 from simulator.engine.request import Request
+
+
+class ReferenceHost:
+    """The host tier's counters as `simulator.engine.offload.HostBlocks` keeps them (the keys are
+    `ReferenceKVBlocks`'s); its load time computed as the docs say it."""
+
+    def __init__(self, tier: HostTier) -> None:
+        self.tier, self.stored, self.loading, self.held = tier, 0, 0, 0
+
+    def __len__(self) -> int:
+        return self.held
+
+    def take_load_time(self) -> float:
+        seconds = self.loading * self.tier.block_bytes / self.tier.bandwidth
+        self.loading = 0
+        return seconds
 
 
 class ReferenceKVBlocks(KVBlocks):
@@ -20,6 +37,7 @@ class ReferenceKVBlocks(KVBlocks):
         super().__post_init__()
         self._host_used: dict[int, int] = {}
         self._host_clock = 0
+        self.offload = ReferenceHost(self.host) if self.host is not None else None  # type: ignore[assignment]
         self._refs: dict[int, int] = {}
         self._evictable: OrderedDict[int, int] = OrderedDict()
         self._uncached: deque[list[int]] = deque([[0, self.num_blocks]])
@@ -69,19 +87,17 @@ class ReferenceKVBlocks(KVBlocks):
         one past its capacity is dropped."""
         if self.host is None:
             return
+        assert isinstance(self.offload, ReferenceHost)
         if key not in self._host_used:
-            self.stored_blocks += 1
+            self.offload.stored += 1
         self._use(key)
         if len(self._host_used) > self.host.blocks:
             del self._host_used[min(self._host_used, key=self._host_used.__getitem__)]
+        self.offload.held = len(self._host_used)
 
     def _use(self, key: int) -> None:
         self._host_clock += 1
         self._host_used[key] = self._host_clock
-
-    @property
-    def num_host_blocks(self) -> int:
-        return len(self._host_used)
 
     def release(self, request: Request) -> None:
         """Give back the request's blocks; with caching, its full computed blocks stay cached."""
@@ -169,7 +185,8 @@ class ReferenceKVBlocks(KVBlocks):
                 break
             self._use(key)
             loaded += 1
-        self.loading += loaded
+        if self.offload is not None:
+            self.offload.loading += loaded
         self.take(loaded)
         request.blocks = len(held) + loaded
         request.computed = (len(held) + loaded) * self.block_size

@@ -24,7 +24,8 @@ import simpy
 from simpy.events import NORMAL, URGENT, Timeout
 
 from simulator.cost import CostModel, StepShape
-from simulator.engine.kv import HostTier, KVBlocks
+from simulator.engine.kv import KVBlocks
+from simulator.engine.offload import HostTier
 from simulator.engine.request import Request, RequestColumns
 from simulator.engine.server import PolicyStalledError
 from simulator.engine.step import Policy, PolicyError, Step
@@ -168,8 +169,8 @@ class OracleServer:
                 shape = StepShape.from_rows([(n, r.computed + n) for r, n in all_rows])
             start = self.env.now
             duration = self.cost.step_time(shape)
-            if kv.loading:  # the admissions' host-tier hits, loaded before the step computes
-                duration += kv.take_load_time()
+            if kv.offload is not None and kv.offload.loading:  # the admissions' host-tier hits, loaded first
+                duration += kv.offload.take_load_time()
             yield ArrivalTimeout(self.env, duration, self.priority)
             if cache_stats[0]:
                 self.log.cache_queries(len(self.log), *cache_stats)

@@ -23,7 +23,8 @@ from simulator.cost import StepShape, build_cost_model
 from simulator.deploy.hardware import load_gpu
 from simulator.deploy.model import load_model
 from simulator.engine import stretch
-from simulator.engine.kv import HostTier, KVBlocks, block_keys
+from simulator.engine.kv import KVBlocks, block_keys
+from simulator.engine.offload import HostTier
 from simulator.engine.request import Request
 from simulator.errors import InputError
 from simulator.metrics.summary import build_tables, summarize
@@ -162,10 +163,11 @@ def test_spans_keep_the_block_rules_call_by_call(data: st.DataObject) -> None:
                 kv.release(request)
                 request.admitted, request.computed = -1, 0
         assert (kvs[0].num_free, kvs[0].num_cached) == (kvs[1].num_free, kvs[1].num_cached)
-        counters = [(kv.num_host_blocks, kv.stored_blocks, kv.loading, kv.hit_tokens, kv.host_hit_tokens)
+        counters = [(len(kv.offload), kv.offload.stored, kv.offload.loading) if kv.offload is not None else ()
                     for kv in kvs]
         assert counters[0] == counters[1]
-        assert kvs[0].num_host_blocks <= (host_blocks or 0)  # the host tier never holds more than it has room for
+        assert [(kv.hit_tokens, kv.host_hit_tokens) for kv in kvs] == [(kvs[1].hit_tokens, kvs[1].host_hit_tokens)] * 2
+        assert not counters[0] or counters[0][0] <= host.blocks  # never more than the host tier holds
         assert pair[0].cached_tokens_host == pair[1].cached_tokens_host <= pair[0].cached_tokens
         for kv in kvs:
             kv.read_hits.clear()

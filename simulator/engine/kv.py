@@ -44,41 +44,21 @@ With it (vLLM V1's automatic prefix caching, `KVBlocks(caching=True)`):
   admissions).
 - Statistics as vLLM's: tokens queried (prompt + emitted at each admission) and hit.
 
-With a host tier (`--kv-offload-gb`, `HostTier`; prefix caching on), blocks the GPU cache evicts
-go to host memory instead of being forgotten:
-
-- Stores. A cached block popped from the free queue (evicted) is stored on the host under its
-  key, in eviction order, as the most recently used; a key already there is only made the most
-  recently used. Past `HostTier.blocks` the least recently used host block is dropped. Stores cost
-  no step time: they cross the link's device-to-host direction, which loads do not use (PCIe is
-  full duplex), and are counted (`stored_blocks`).
-- Hits. After a request's GPU hit (its longest prefix of GPU-cached blocks) come the blocks found
-  on the host, one after another up to the first that is not there, within the same limit: the hit
-  is the GPU part then the host part (`hit_blocks` counts both, `computed` their tokens). A host
-  block that is also cached on the GPU again (loaded back before) counts where it falls.
-- Loads. At admission (`take_hit`) the host part, as far as it is still on the host and free
-  blocks allow, is loaded: each of those keys, in block order, becomes the host's most recently
-  used, then the request takes a GPU block for each from the free queue (`extra_blocks` charged
-  them, as blocks for tokens it computes) and registers them as it registers computed blocks. The
-  step that admits it waits for its loads: `take_load_time`, the blocks loaded since the last call
-  times `HostTier.block_bytes` over `HostTier.bandwidth`, is added to the step's time by the server
-  (vLLM's connector loads asynchronously instead: docs/concepts/kv-cache.md).
-- Decode stretches. While a looked-up hit has a host part, a stretch stops before it evicts any
-  cached block (`room_sparing_hits`): an eviction could lengthen that hit (the next block coming to
-  the host) or, dropping a host block, shorten it.
+With a host tier (`--kv-offload-gb`, `HostTier`), blocks the cache evicts go to host memory, and a
+hit continues there after its GPU part: `simulator.engine.offload` says how.
 """
 
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections import OrderedDict, deque
-from collections.abc import Iterator
+from collections import deque
 from dataclasses import dataclass
 from itertools import compress, count
 from typing import Any, Final
 
 from mypy_extensions import mypyc_attr
 
+from simulator.engine.offload import HostBlocks, HostTier
 from simulator.engine.request import Request
 
 
@@ -94,20 +74,7 @@ class Span:
     refs: int
 
 
-@dataclass(frozen=True)
-class HostTier:
-    """Host memory holding blocks the GPU prefix cache evicted (the module docstring)."""
-
-    blocks: int
-    """How many blocks it holds."""
-    block_bytes: int
-    """Bytes of one block on each GPU (its tensor-parallel shard), which crosses that GPU's own link."""
-    bandwidth: float
-    """Bytes/s of each GPU's host link, host to device."""
-
-
-HOST_READ: Final = Span([], 0, 0, 0)
-"""Marks in `KVBlocks.read_hits` a looked-up hit with a host part."""
+HOST_READ: Final = Span([], 0, 0, 0)  # in `KVBlocks.read_hits`: a looked-up hit with a host part
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)  # tests/kv_reference.py checks it block by block (setup.py)
@@ -129,12 +96,7 @@ class KVBlocks:
         self.hit_tokens = 0
         self.host_hit_tokens = 0
         """Of `hit_tokens`, those loaded from the host tier."""
-        self.stored_blocks = 0
-        """Blocks stored on the host (new there) so far."""
-        self.loading = 0
-        """Blocks loaded from the host since `take_load_time` was last called."""
-        self._host: OrderedDict[int, None] = OrderedDict()
-        """The host tier's keys, least recently used first."""
+        self.offload = HostBlocks(self.host) if self.host is not None else None
         self._starts: dict[int, Span] = {}
         """Each cached span by its first block's key (a cached key is in one span)."""
         self._queue: deque[Span | list[int]] = deque([[self.num_blocks]])
@@ -173,8 +135,8 @@ class KVBlocks:
             entry = queue[0]
             if isinstance(entry, Span):
                 count = min(n, entry.end - entry.first)
-                if self.host is not None and count:
-                    self._store(entry.keys, entry.end - count, entry.end)
+                if self.offload is not None and count:
+                    self.offload.store(entry.keys, entry.end - count, entry.end)
                 entry.end -= count
                 self._num_cached -= count
                 if entry.end == entry.first:
@@ -187,41 +149,6 @@ class KVBlocks:
                 if not entry[0]:
                     queue.popleft()
             n -= count
-
-    def _store(self, keys: list[int], first: int, end: int) -> None:
-        """Evicted blocks `keys[first:end]`, the last first (as the free queue pops them), to the host."""
-        host = self._host
-        assert self.host is not None
-        for i in range(end - 1, first - 1, -1):
-            key = keys[i]
-            if key in host:
-                host.move_to_end(key)
-                continue
-            host[key] = None
-            self.stored_blocks += 1
-            if len(host) > self.host.blocks:
-                host.popitem(last=False)
-
-    @property
-    def num_host_blocks(self) -> int:
-        """Blocks the host tier holds."""
-        return len(self._host)
-
-    def take_load_time(self) -> float:
-        """Seconds the loads since the last call take on the host link (bytes / bandwidth); the
-        step that made them waits for them."""
-        host = self.host
-        assert host is not None
-        seconds = self.loading * host.block_bytes / host.bandwidth
-        self.loading = 0
-        return seconds
-
-    def _host_part(self, keys: list[int], first: int, end: int) -> int:
-        """Where the run of keys on the host from `first` on stops, at most `end`."""
-        host = self._host
-        while first < end and keys[first] in host:
-            first += 1
-        return first
 
     def grow(self, request: Request, tokens: int) -> None:
         extra = self.extra_blocks(request, tokens)
@@ -333,8 +260,8 @@ class KVBlocks:
                 in_use += stop - first
             else:
                 self.read_hits.append((span, stop))
-        if self.host is not None and hits < limit:
-            on_host = self._host_part(keys, hits, limit)
+        if self.offload is not None and hits < limit:
+            on_host = self.offload.run_end(keys, hits, limit)
             if on_host > hits:
                 self.read_hits.append((HOST_READ, on_host))
                 hits = on_host
@@ -419,11 +346,9 @@ class KVBlocks:
         if hits:
             _hold(request, hits, cached=True)
         loaded = 0
-        if self.host is not None and hits < request.hit_blocks:
-            loaded = min(self._host_part(keys, hits, request.hit_blocks) - hits, self.num_free)
-            for key in keys[hits:hits + loaded]:
-                self._host.move_to_end(key)
-            self.loading += loaded
+        if self.offload is not None and hits < request.hit_blocks:
+            loaded = min(self.offload.run_end(keys, hits, request.hit_blocks) - hits, self.num_free)
+            self.offload.load(keys[hits:hits + loaded])
             self.take(loaded)  # the GPU blocks they are loaded into
         request.blocks = hits + loaded
         request.computed = (hits + loaded) * self.block_size
@@ -444,29 +369,6 @@ class KVBlocks:
             assert request.content is not None
             request.block_keys = block_keys(request.content, self.block_size)
         return request.block_keys
-
-
-class WaitingWithHits:
-    """A waiting queue as a policy reads it under prefix caching: each request it hands over is
-    looked up first (`KVBlocks.look_up`), so its `computed` and `num_pending` count its hit."""
-
-    def __init__(self, queue: Any, kv: KVBlocks) -> None:
-        self._queue = queue
-        self._kv = kv
-
-    def __iter__(self) -> Iterator[Request]:
-        look_up = self._kv.look_up
-        for request in self._queue:
-            look_up(request)
-            yield request
-
-    def __len__(self) -> int:
-        return len(self._queue)
-
-    def first(self) -> Request:
-        request: Request = self._queue.first()
-        self._kv.look_up(request)
-        return request
 
 
 def _hold(request: Request, end: int, cached: bool) -> None:

@@ -40,8 +40,8 @@ from simpy.events import NORMAL
 from simulator.cost import CostModel
 from simulator.engine import stretch
 from simulator.engine.clock import Clock
-from simulator.engine.kv import KVBlocks, WaitingWithHits
-from simulator.engine.queues import make_queues
+from simulator.engine.kv import KVBlocks
+from simulator.engine.queues import WaitingWithHits, make_queues
 from simulator.engine.request import Request
 from simulator.engine.running import RunningSet
 from simulator.engine.step import Policy, PolicyError, Step
@@ -184,8 +184,9 @@ class Server:
         """One step of any kind, the decoders taking part as one."""
         running, start = self.running_set, self.clock
         duration = self.cost.step_time(running.take(step, start))
-        if self.kv.loading:  # its admissions' hits on the host tier, loaded before it computes
-            duration += self.kv.take_load_time()
+        offload = self.kv.offload
+        if offload is not None and offload.loading:  # its admissions' host-tier hits, loaded first
+            duration += offload.take_load_time()
         end = start + duration
         if end >= self.limit:
             yield self.env.timeout_at(end, self.priority)  # the clock stops first

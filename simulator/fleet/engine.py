@@ -41,7 +41,8 @@ from simpy.events import NORMAL
 
 from simulator.cost import CostModel
 from simulator.engine.clock import Clock
-from simulator.engine.kv import HostTier, KVBlocks
+from simulator.engine.kv import KVBlocks
+from simulator.engine.offload import HostTier
 from simulator.engine.request import Request
 from simulator.engine.server import Process, Server
 from simulator.engine.step import Policy

@@ -14,7 +14,8 @@ from typing import TypeVar
 
 from simulator.cost import CostModel
 from simulator.engine.clock import Clock
-from simulator.engine.kv import HostTier, KVBlocks
+from simulator.engine.kv import KVBlocks
+from simulator.engine.offload import HostTier
 from simulator.engine.request import RequestColumns
 from simulator.engine.server import Server
 from simulator.engine.step import Policy

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from simulator.config import RunConfig
 from simulator.deploy.hardware import GpuSpec
 from simulator.deploy.model import ModelSpec
-from simulator.engine.kv import HostTier
+from simulator.engine.offload import HostTier
 from simulator.engine.request import RequestColumns
 from simulator.engine.steplog import StepLog
 from simulator.fleet.engine import FleetResult, Pool

@@ -11,7 +11,7 @@ from simulator.deploy.hardware import GpuSpec
 from simulator.deploy.memory import activation_reserve_bytes, check_weights_fit, kv_capacity_blocks
 from simulator.deploy.model import ModelSpec
 from simulator.deploy.spec import check_data_parallel
-from simulator.engine.kv import HostTier
+from simulator.engine.offload import HostTier
 from simulator.engine.step import Policy
 from simulator.errors import InputError
 from simulator.fleet.transfer import BYTES_PER_GB
