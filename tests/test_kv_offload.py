@@ -131,11 +131,16 @@ def test_refused_where_it_does_not_apply(settings: dict[str, object], named: str
         RunConfig(**{"kv_offload_gb": 2.0, **settings})  # type: ignore[arg-type]
 
 
-def test_a_tier_smaller_than_a_block_is_refused_in_one_line(tmp_path: Path,
-                                                             capsys: pytest.CaptureFixture[str]) -> None:
-    code, _, err = simulate_cli(["--kv-offload-gb", "0.001", "--prefix-len", "100", "--num-requests", "5",
-                                 "--out", str(tmp_path / "run")], capsys)
-    assert code != 0 and err.strip().count("\n") == 0 and "holds no KV block" in err
+@pytest.mark.parametrize(("args", "named"), [
+    (["--kv-offload-gb", "0.001", "--prefix-len", "100"], "holds no KV block"),
+    (["--kv-offload-gb", "1"], "needs a workload whose prompts share tokens"),
+])
+def test_refused_in_one_line_before_anything_is_written(args: list[str], named: str, tmp_path: Path,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    """A tier too small for one block; a workload without prefix identity, which never evicts a
+    cached block."""
+    code, _, err = simulate_cli([*args, "--num-requests", "5", "--out", str(tmp_path / "run")], capsys)
+    assert code != 0 and err.strip().count("\n") == 0 and named in err
     assert not (tmp_path / "run").exists()
 
 
@@ -169,3 +174,18 @@ def test_kv_offload_is_a_sweep_axis(tmp_path: Path, capsys: pytest.CaptureFixtur
     host = rows["prefix_cache_hit_rate_host"].to_numpy()
     assert host[0] == 0 and host[1] > 0
     assert np.diff(rows["prefix_cache_hit_rate"].to_numpy())[0] > 0
+
+
+def test_each_gpu_loads_its_tensor_parallel_shard_over_its_own_link() -> None:
+    """Under tensor parallelism 2 each GPU holds 4 of Llama-3.1-8B's 8 KV heads: a block it loads is
+    half the bytes, over its own PCIe link (the profile's 64 GB/s), and N GB of host memory hold
+    as many blocks as at TP 1 (every GPU offloads its shard of each block)."""
+    from simulator.run.sizing import host_tier
+
+    model, gpu = load_model("llama-3.1-8b"), load_gpu("h100_sxm")
+    tiers = {tp: host_tier(RunConfig(tensor_parallel_size=tp, kv_offload_gb=100.0), model, gpu) for tp in (1, 2)}
+    assert tiers[1] is not None and tiers[2] is not None
+    assert tiers[1].block_bytes == LLAMA_KV_BYTES_PER_TOKEN * BLOCK == 2 * tiers[2].block_bytes
+    assert tiers[1].blocks == tiers[2].blocks == int(100e9 // (LLAMA_KV_BYTES_PER_TOKEN * BLOCK))
+    assert tiers[1].bandwidth == tiers[2].bandwidth == 64e9
+    assert host_tier(RunConfig(), model, gpu) is None

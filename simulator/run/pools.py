@@ -51,6 +51,10 @@ def build_pools(config: RunConfig, model: ModelSpec, gpu: GpuSpec, workload: Wor
         policies = [build_policy(pool_config) for _ in range(count)]
         # A decode server receives prompts computed elsewhere: it has no prefill to skip.
         caching = keeps_prefix_cache(config, workload, policies[0]) and role != "decode"
+        if config.kv_offload_gb and not caching:
+            raise InputError(f"--kv-offload-gb {config.kv_offload_gb:g} needs a workload whose prompts share "
+                             "tokens (--prefix-len, --num-turns, a Mooncake trace's hash_ids): this one has "
+                             "nothing for the prefix cache to evict")
         pools.append(Pool(role, policies, cost or build_cost_model(pool_config, model, pool_gpu), kv_blocks,
                           config.block_size, build_router(config.router, count, workload.num_requests, config.seed,
                                                           index), caching, host_tier(pool_config, model, pool_gpu)))
