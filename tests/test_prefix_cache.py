@@ -311,30 +311,36 @@ def test_caching_off_is_the_run_without_identity(policy: str) -> None:
     assert on.steps.equals(plain.steps) is (policy == "static")
 
 
+@pytest.mark.parametrize("host", [False, True], ids=["gpu-cache", "with-a-host-tier"])
 @pytest.mark.parametrize("policy", ["chunked", "priority"])
 @settings(SETTINGS, max_examples=ENGINE_EXAMPLES)
 @given(data=st.data(), turns=st.integers(1, 2))
-def test_bulk_cache_is_the_block_by_block_one(policy: str, data: st.DataObject, turns: int) -> None:
+def test_bulk_cache_is_the_block_by_block_one(policy: str, host: bool, data: st.DataObject, turns: int) -> None:
     """simulator.engine.kv's KVBlocks (runs of blocks at once) against tests/kv_reference.py (one block at
-    a time, the rules as the module docstring says them): the same run, table for table."""
+    a time, the rules as the module docstring says them): the same run, table for table; `host`
+    with a KV host tier (the reference's own LRU, block by block)."""
     case = data.draw(cases(policy))
     workload = replace(case.workload, content=data.draw(shared_prefixes(case.workload.prompt_tokens.tolist())))
     if turns > 1:
         if workload.arrival is not None:
             workload = replace(workload, arrival=np.sort(workload.arrival))
         workload = conversations(workload, turns, 0.0)
+    config = case.config
+    if host:
+        config = with_host_tier(config, data, int((workload.prompt_tokens + workload.output_tokens).max()))
     outcomes = []
     for blocks in (KVBlocks, ReferenceKVBlocks):
         try:
             with pytest.MonkeyPatch.context() as patch:
                 patch.setattr(driver, "KVBlocks", blocks)
-                result = simulate(case.config, workload)
+                result = simulate(config, workload)
         except InputError as error:
             outcomes.append(str(error))
             continue
         tables = build_tables(result)
         outcomes.append((tables.requests, tables.steps, tables.tokens))
         event("hits" if result.requests.cached_tokens.any() else "no hits")
+        event("host hits" if result.requests.cached_tokens_host.any() else "no host hit")
     if isinstance(outcomes[0], str):
         assert outcomes[1] == outcomes[0]
         return
@@ -415,35 +421,3 @@ def test_engine_matches_oracle_with_a_host_tier(policy: str, run_min: int, data:
     if summary:
         event("host hits" if summary["prefix_cache_host_hit_tokens"] else "no host hit")
         event("preempted" if summary["preemptions"] else "no preemption")
-
-
-@settings(SETTINGS, max_examples=ENGINE_EXAMPLES)
-@given(data=st.data(), turns=st.integers(1, 2))
-def test_bulk_host_tier_is_the_block_by_block_one(data: st.DataObject, turns: int) -> None:
-    """With a host tier: simulator.engine.kv against tests/kv_reference.py (its own LRU, block by
-    block), table for table."""
-    case = data.draw(cases("chunked"))
-    workload = replace(case.workload, content=data.draw(shared_prefixes(case.workload.prompt_tokens.tolist())))
-    if turns > 1:
-        if workload.arrival is not None:
-            workload = replace(workload, arrival=np.sort(workload.arrival))
-        workload = conversations(workload, turns, 0.0)
-    longest = int((workload.prompt_tokens + workload.output_tokens).max())
-    config = with_host_tier(case.config, data, longest)
-    outcomes = []
-    for blocks in (KVBlocks, ReferenceKVBlocks):
-        try:
-            with pytest.MonkeyPatch.context() as patch:
-                patch.setattr(driver, "KVBlocks", blocks)
-                result = simulate(config, workload)
-        except InputError as error:
-            outcomes.append(str(error))
-            continue
-        tables = build_tables(result)
-        outcomes.append((tables.requests, tables.steps, tables.tokens))
-        event("host hits" if result.requests.cached_tokens_host.any() else "no host hit")
-    if isinstance(outcomes[0], str):
-        assert outcomes[1] == outcomes[0]
-        return
-    for mine, theirs in zip(outcomes[0], outcomes[1], strict=True):
-        assert mine.equals(theirs)
