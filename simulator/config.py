@@ -72,6 +72,11 @@ class RunConfig:
     """Use exactly this many KV blocks instead of sizing them from GPU memory (as vLLM's flag)."""
     enable_prefix_caching: bool = True
     """vLLM V1's automatic prefix caching (its default: on); it acts on workloads with prefix identity."""
+    # KV offload: a host tier under the prefix cache (simulator.engine.kv), one server only.
+    kv_offload_gb: float = 0.0
+    """GB (1e9 bytes) of host memory per server holding KV blocks the GPU cache evicted; 0: none."""
+    kv_offload_bandwidth: float | None = None
+    """GB/s per GPU of the host link, host to device (None: the GPU profile's `host_link_bw`, PCIe)."""
     # Workload: open loop at `rate` (requests/s; inf = all at once) or closed loop of `concurrency`
     # clients; `num_requests` or `duration` bounds it; or a trace file replayed as it is.
     rate: float | None = None
@@ -141,6 +146,7 @@ class RunConfig:
         check_fleet(self)
         self._check_speculation()
         build_policy(self)  # the policy's name, and what that policy refuses of these settings
+        self._check_kv_offload()
         self._check_workload_source()
         if self.trace is None:
             self._check_synthetic_workload()
@@ -189,6 +195,24 @@ class RunConfig:
     def speculates(self) -> bool:
         """Does every decode step draft tokens (a method, and k above 0)?"""
         return self.speculative_method is not None and bool(self.num_speculative_tokens)
+
+    def _check_kv_offload(self) -> None:
+        """The host tier holds blocks the prefix cache evicted, and is read by its hits: refused
+        where there are none."""
+        if not self.kv_offload_gb:
+            if self.kv_offload_bandwidth is not None:
+                raise InputError(f"--kv-offload-bandwidth {self.kv_offload_bandwidth:g} needs --kv-offload-gb "
+                                 "(the host tier whose loads cross that link)")
+            return
+        given = f"--kv-offload-gb {self.kv_offload_gb:g}"
+        if not self.enable_prefix_caching:
+            raise InputError(f"{given} needs prefix caching: the host tier holds the blocks the prefix cache "
+                             "evicts (drop --no-enable-prefix-caching)")
+        if not build_policy(self).prefix_hits:
+            raise InputError(f"{given} does not apply to --policy {self.policy}, which takes no prefix-cache hits")
+        if is_fleet(self):
+            raise InputError(f"{given} runs on one server (drop --num-replicas, or --prefill-replicas and "
+                             "--decode-replicas)")
 
     def _check_load(self) -> None:
         """A finite --rate with --concurrency caps an open loop; sessions pace their own turns, take no cap."""

@@ -19,7 +19,7 @@ from simulator.fleet.transfer import KVLink, kv_link
 from simulator.run.clients import ClientKind, workload_clients
 from simulator.run.driver import FleetEngine, run_fleet, run_progress
 from simulator.run.result import RunResult, run_result
-from simulator.run.sizing import check_fits, gpu_shard, keeps_prefix_cache, kv_cache_blocks
+from simulator.run.sizing import check_fits, gpu_shard, host_tier, keeps_prefix_cache, kv_cache_blocks
 from workloads import Workload
 
 
@@ -51,9 +51,13 @@ def build_pools(config: RunConfig, model: ModelSpec, gpu: GpuSpec, workload: Wor
         policies = [build_policy(pool_config) for _ in range(count)]
         # A decode server receives prompts computed elsewhere: it has no prefill to skip.
         caching = keeps_prefix_cache(config, workload, policies[0]) and role != "decode"
+        if config.kv_offload_gb and not caching:
+            raise InputError(f"--kv-offload-gb {config.kv_offload_gb:g} needs a workload whose prompts share "
+                             "tokens (--prefix-len, --num-turns, a Mooncake trace's hash_ids): this one has "
+                             "nothing for the prefix cache to evict")
         pools.append(Pool(role, policies, cost or build_cost_model(pool_config, model, pool_gpu), kv_blocks,
                           config.block_size, build_router(config.router, count, workload.num_requests, config.seed,
-                                                          index), caching))
+                                                          index), caching, host_tier(pool_config, model, pool_gpu)))
     link = None
     if disaggregated(config):
         kv_bytes = max(gpu_shard(pool_config, model).kv_bytes_per_token for _, _, pool_config in pool_configs(config))
