@@ -5,7 +5,9 @@ disaggregated DeepSeek rows of the reference table (`../shared/reference/serving
 aiconfigurator_silicon_h100_h200.csv`), as `simulate compare` does, and prints per model, stack and
 mode: rows, rows rerun, the median |error| of mean TPOT and mean TTFT, and every skip's reason. The
 disaggregated rows whose workers the table does not give (rerun as one prefill and one decode worker,
-`simulator.sim2real.silicon`) are reported apart, as `disagg-1p1d`.
+`simulator.sim2real.silicon`) are reported apart, as `disagg-1p1d`. Each row reruns on the scheduler
+`simulate compare` gives a silicon row of its stack by default (`--client supported`:
+`simulator.sim2real.sweeps.SUPPORTED`).
 
     python -m benchmarks.compare_models [--models gpt-oss-120b,kimi-k2.5] [--jobs 2] [--out rows.parquet]
 """
@@ -22,6 +24,7 @@ import polars as pl
 from simulator.deploy.resolve import ModelResolver
 from simulator.sim2real.compare import ROW_SCHEMA
 from simulator.sim2real.silicon import read_silicon_csv
+from simulator.sim2real.sweeps import SUPPORTED
 from simulator.sim2real.units import run_units, units_of
 
 REFERENCE = Path(__file__).resolve().parents[2] / "shared" / "reference"
@@ -78,7 +81,8 @@ def main() -> None:
     points = [p for p in reading.points if p.name in by_id]
     skipped = [(by_place[where], reason) for where, reason in reading.skipped if where in by_place]
     rows: list[dict[str, object]] = []
-    for result in run_units(units_of(points), {}, jobs=args.jobs):
+    rules = [SUPPORTED.get(point.backend) for point in points]
+    for result in run_units(units_of(points), {}, jobs=args.jobs, rules=rules):
         rows += result.rows
         skipped += [(by_id[name], reason) for name, reason in result.skipped]
     frame = pl.DataFrame(rows, schema=ROW_SCHEMA)
