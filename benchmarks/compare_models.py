@@ -7,9 +7,11 @@ mode: rows, rows rerun, the median |error| of mean TPOT and mean TTFT, and every
 disaggregated rows whose workers the table does not give (rerun as one prefill and one decode worker,
 `simulator.sim2real.silicon`) are reported apart, as `disagg-1p1d`. Each row reruns on the scheduler
 `simulate compare` gives a silicon row of its stack by default (`--client supported`:
-`simulator.sim2real.sweeps.SUPPORTED`).
+`simulator.sim2real.sweeps.SUPPORTED`), or on `--scheduler`'s hypothesis for every stack (`stock`,
+`bench`, `vllm-default`: `simulator.sim2real.sweeps.Hypothesis`).
 
-    python -m benchmarks.compare_models [--models gpt-oss-120b,kimi-k2.5] [--jobs 2] [--out rows.parquet]
+    python -m benchmarks.compare_models [--models gpt-oss-120b,kimi-k2.5] [--scheduler bench] [--jobs 2]
+        [--out rows.parquet]
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import polars as pl
 from simulator.deploy.resolve import ModelResolver
 from simulator.sim2real.compare import ROW_SCHEMA
 from simulator.sim2real.silicon import read_silicon_csv
-from simulator.sim2real.sweeps import SUPPORTED
+from simulator.sim2real.sweeps import SCHEDULERS, SUPPORTED, Hypothesis
 from simulator.sim2real.units import run_units, units_of
 
 REFERENCE = Path(__file__).resolve().parents[2] / "shared" / "reference"
@@ -73,6 +75,8 @@ def main() -> None:
                         help="only these models' rows (comma-separated report names)")
     parser.add_argument("--configs", type=Path, default=REFERENCE / "models",
                         help="the folder of the models' config.json files")
+    parser.add_argument("--scheduler", choices=("supported", *SCHEDULERS), default="supported",
+                        help="the servers' scheduler: each stack's supported one, or this one for every stack")
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--out", type=Path, default=None, help="write the compare rows here (Parquet)")
     args = parser.parse_args()
@@ -81,7 +85,8 @@ def main() -> None:
     points = [p for p in reading.points if p.name in by_id]
     skipped = [(by_place[where], reason) for where, reason in reading.skipped if where in by_place]
     rows: list[dict[str, object]] = []
-    rules = [SUPPORTED.get(point.backend) for point in points]
+    rules = [SUPPORTED.get(point.backend) if args.scheduler == "supported" else Hypothesis(args.scheduler)
+             for point in points]
     for result in run_units(units_of(points), {}, jobs=args.jobs, rules=rules):
         rows += result.rows
         skipped += [(by_id[name], reason) for name, reason in result.skipped]
