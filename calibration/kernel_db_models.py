@@ -29,12 +29,13 @@ KERNEL_DB = Path(__file__).resolve().parents[2] / "shared" / "reference" / "kern
 MLA_STACK = {"vllm": "sglang", "sglang": "sglang", "trtllm": "trtllm"}
 """Whose per-kernel MLA measurements each stack's profile takes (vLLM's are whole modules)."""
 INT4_STACK = {"vllm": "sglang", "sglang": "sglang"}
-"""Whose int4 fused-MoE rows each stack's profile takes: Marlin's (`sglang_marlin_moe`). vLLM serves
-a compressed-tensors int4 checkpoint (Kimi-K2.5's) on Hopper with its Marlin MoE kernel
+"""Whose int4 fused-MoE rows each stack's profile takes: Marlin's (`sglang_marlin_moe`). vLLM
+serves a compressed-tensors int4 checkpoint (Kimi-K2.5's) on Hopper with its Marlin MoE kernel
 (`CompressedTensorsWNA16MarlinMoEMethod`), but its kernel-db rows (`vllm_marlin_int4_moe`) time
-`fused_experts` with an int4 w4a16 config, the Triton kernel (aiconfigurator's collector/vllm/
-collect_moe.py): 2-6x SGLang's Marlin rows of the same shapes, where vLLM's and SGLang's bf16 and
-fp8-block rows agree within 0.8-1.4x. TensorRT-LLM's table has no int4 experts."""
+`fused_experts` with an int4 w4a16 config, the Triton kernel (aiconfigurator's
+collector/vllm/collect_moe.py): 1.6-6.4x SGLang's Marlin rows of the same shapes, where vLLM's and
+SGLang's bf16 and fp8-block rows agree within 0.8-1.4x (medians per token count). TensorRT-LLM's
+table has no int4 experts."""
 MOE_DTYPES = {"bfloat16": "bfloat16", "fp8": "fp8", "fp8_block": "fp8_block", "w4a16_mxfp4": "mxfp4",
               "int4_wo": "int4"}
 """kernel-db's moe_dtype -> servesim's weight or expert dtype."""
