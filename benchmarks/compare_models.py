@@ -5,9 +5,13 @@ disaggregated DeepSeek rows of the reference table (`../shared/reference/serving
 aiconfigurator_silicon_h100_h200.csv`), as `simulate compare` does, and prints per model, stack and
 mode: rows, rows rerun, the median |error| of mean TPOT and mean TTFT, and every skip's reason. The
 disaggregated rows whose workers the table does not give (rerun as one prefill and one decode worker,
-`simulator.sim2real.silicon`) are reported apart, as `disagg-1p1d`.
+`simulator.sim2real.silicon`) are reported apart, as `disagg-1p1d`. Each row reruns on the scheduler
+`simulate compare` gives a silicon row of its stack by default (`--client supported`:
+`simulator.sim2real.sweeps.SUPPORTED`), or on `--scheduler`'s hypothesis for every stack (`stock`,
+`bench`, `vllm-default`: `simulator.sim2real.sweeps.Hypothesis`).
 
-    python -m benchmarks.compare_models [--jobs 2] [--out rows.parquet]
+    python -m benchmarks.compare_models [--models gpt-oss-120b,kimi-k2.5] [--scheduler bench] [--jobs 2]
+        [--out rows.parquet]
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import polars as pl
 from simulator.deploy.resolve import ModelResolver
 from simulator.sim2real.compare import ROW_SCHEMA
 from simulator.sim2real.silicon import read_silicon_csv
+from simulator.sim2real.sweeps import SCHEDULERS, SUPPORTED, Hypothesis
 from simulator.sim2real.units import run_units, units_of
 
 REFERENCE = Path(__file__).resolve().parents[2] / "shared" / "reference"
@@ -34,16 +39,17 @@ Key = tuple[str, str, str]
 """A row's (model, stack, mode)."""
 
 
-def selected_rows(table: Path) -> tuple[dict[str, Key], dict[str, Key]]:
+def selected_rows(table: Path, models: frozenset[str] = frozenset(NEW_MODELS.values())
+                  ) -> tuple[dict[str, Key], dict[str, Key]]:
     """The selected rows' (model, stack, mode), by row id (a point's name) and by place (a skip's):
-    the new models' aggregated rows and DeepSeek's disaggregated ones (mode `disagg-1p1d` where the
-    table does not give the workers)."""
+    the aggregated rows of `models` (report names) and DeepSeek's disaggregated ones (mode
+    `disagg-1p1d` where the table does not give the workers)."""
     by_id, by_place = {}, {}
     with table.open(newline="") as handle:
         reader = csv.DictReader(handle)
         for row in reader:
             model = NEW_MODELS.get(row["model_path"].strip())
-            if model is None or (row["mode"] == "disagg" and not model.startswith("deepseek")):
+            if model not in models or (row["mode"] == "disagg" and not model.startswith("deepseek")):
                 continue
             mode = row["mode"]
             if mode == "disagg" and not row["prefill_num_workers"].strip():
@@ -52,19 +58,36 @@ def selected_rows(table: Path) -> tuple[dict[str, Key], dict[str, Key]]:
     return by_id, by_place
 
 
+def model_names(text: str) -> frozenset[str]:
+    """`--models`: report names, comma-separated; an unknown one is refused, naming it."""
+    names = frozenset(name.strip() for name in text.split(",") if name.strip())
+    unknown = sorted(names - set(NEW_MODELS.values()))
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(
+            f"unknown model {', '.join(unknown) or repr(text)}; choose from {', '.join(sorted(NEW_MODELS.values()))}")
+    return names
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--table", type=Path, default=TABLE)
-    parser.add_argument("--models", type=Path, default=REFERENCE / "models")
+    parser.add_argument("--models", type=model_names, default=frozenset(NEW_MODELS.values()),
+                        help="only these models' rows (comma-separated report names)")
+    parser.add_argument("--configs", type=Path, default=REFERENCE / "models",
+                        help="the folder of the models' config.json files")
+    parser.add_argument("--scheduler", choices=("supported", *SCHEDULERS), default="supported",
+                        help="the servers' scheduler: each stack's supported one, or this one for every stack")
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--out", type=Path, default=None, help="write the compare rows here (Parquet)")
     args = parser.parse_args()
-    by_id, by_place = selected_rows(args.table)
-    reading = read_silicon_csv(args.table, ModelResolver(args.models, args.models / ".no-hf-cache"))
+    by_id, by_place = selected_rows(args.table, args.models)
+    reading = read_silicon_csv(args.table, ModelResolver(args.configs, args.configs / ".no-hf-cache"))
     points = [p for p in reading.points if p.name in by_id]
     skipped = [(by_place[where], reason) for where, reason in reading.skipped if where in by_place]
     rows: list[dict[str, object]] = []
-    for result in run_units(units_of(points), {}, jobs=args.jobs):
+    rules = [SUPPORTED.get(point.backend) if args.scheduler == "supported" else Hypothesis(args.scheduler)
+             for point in points]
+    for result in run_units(units_of(points), {}, jobs=args.jobs, rules=rules):
         rows += result.rows
         skipped += [(by_id[name], reason) for name, reason in result.skipped]
     frame = pl.DataFrame(rows, schema=ROW_SCHEMA)

@@ -177,3 +177,21 @@ def test_nine_in_ten_of_the_new_models_aggregated_rows_are_rerun() -> None:
     assert sum(total.values()) == 538
     assert sum(rerun.values()) >= 0.9 * sum(total.values()), (rerun, total)
     assert all(rerun[m] >= 0.8 * total[m] for m in NEW), (rerun, total)
+
+
+def test_compare_models_filters_rows_by_model() -> None:
+    """`benchmarks.compare_models --models`: only the named models' rows, DeepSeek's disaggregated ones
+    with DeepSeek; an unknown name is refused naming it."""
+    import argparse
+
+    from benchmarks.compare_models import TABLE, model_names, selected_rows
+
+    if not TABLE.exists():
+        pytest.skip("the reference table is not here")
+    by_id, _ = selected_rows(TABLE, model_names("kimi-k2.5,gpt-oss-120b"))
+    assert {key[0] for key in by_id.values()} == {"kimi-k2.5", "gpt-oss-120b"}
+    assert Counter(key[0] for key in by_id.values()) == {"kimi-k2.5": 45, "gpt-oss-120b": 246}
+    everything, _ = selected_rows(TABLE)
+    assert any(key[2].startswith("disagg") for key in everything.values())
+    with pytest.raises(argparse.ArgumentTypeError, match="unknown model llama"):
+        model_names("llama,kimi-k2.5")
