@@ -16,6 +16,8 @@ from simulator.deploy.hardware import load_gpu
 from simulator.deploy.model import load_model
 from simulator.errors import InputError
 from simulator.metrics.summary import build_tables
+from simulator.plan.space import Deployment
+from simulator.run.estimate import estimate_run
 from simulator.run.pools import build_pools
 from simulator.run.simulate import simulate
 from simulator.run.sizing import gpu_shard
@@ -85,3 +87,15 @@ def test_a_pools_data_parallelism_without_expert_parallelism_is_refused(settings
 def test_a_pool_setting_without_pools_is_refused() -> None:
     with pytest.raises(InputError, match=r"^--decode-data-parallel-size applies only to prefill/decode pools"):
         RunConfig(decode_data_parallel_size=2)
+
+
+def test_a_deployments_gpus_and_servers_count_each_pools_ranks() -> None:
+    # 2 prefill workers of 8 ranks x TP 1 and 3 decode workers of TP 8: 16 + 24 GPUs, 16 + 3 servers.
+    deployment = Deployment({"tensor_parallel_size": 1, "gpu": "h200_sxm", "prefill_replicas": 2,
+                             "prefill_data_parallel_size": 8, "decode_replicas": 3, "decode_tensor_parallel_size": 8,
+                             "decode_data_parallel_size": 1})
+    assert deployment.pool_gpus() == [("h200_sxm", 16), ("h200_sxm", 24)]
+    assert (deployment.gpus, deployment.servers) == (40, 19)
+    config = RunConfig(model="deepseek-v3", gpu="h200_sxm", enable_expert_parallel=True,
+                       **{k: v for k, v in deployment.settings.items() if k != "gpu"})
+    assert estimate_run(config, token_rows=False).servers == 19

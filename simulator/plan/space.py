@@ -66,7 +66,11 @@ class Deployment:
     @property
     def servers(self) -> int:
         s = self.settings
-        return s["prefill_replicas"] + s["decode_replicas"] if self.disaggregated else s["num_replicas"]
+        if not self.disaggregated:
+            return s["num_replicas"]
+        dp = s.get("data_parallel_size") or 1
+        return sum(s[f"{role}_replicas"] * (s.get(f"{role}_data_parallel_size") or dp)
+                   for role in ("prefill", "decode"))
 
     @property
     def key(self) -> str:
