@@ -108,6 +108,12 @@ class RunConfig:
     prefill_tensor_parallel_size: int | None = None
     """GPUs of each prefill server (None: --tensor-parallel-size)."""
     decode_tensor_parallel_size: int | None = None
+    prefill_data_parallel_size: int | None = None
+    """Data-parallel attention ranks of each prefill worker, each a server of the pool (None: --data-parallel-size)."""
+    decode_data_parallel_size: int | None = None
+    prefill_enable_expert_parallel: bool | None = None
+    """Each prefill worker's routed experts spread over its GPUs (None: --enable-expert-parallel)."""
+    decode_enable_expert_parallel: bool | None = None
     prefill_gpu: str | None = None
     """GPU profile of each prefill server, its memory and step times its own (None: --gpu)."""
     decode_gpu: str | None = None
@@ -350,13 +356,23 @@ def parse_goodput(specs: tuple[str, ...]) -> tuple[tuple[str, float], ...]:
 
 # The fleet's settings checked together: colocated replicas or prefill/decode pools, not both, and
 # each pool setting only where it applies.
-POOL_SETTINGS = ("prefill_tensor_parallel_size", "decode_tensor_parallel_size", "prefill_gpu", "decode_gpu",
-                 "kv_transfer_bandwidth", "kv_transfer_latency")
+POOL_SETTINGS = ("prefill_tensor_parallel_size", "decode_tensor_parallel_size", "prefill_data_parallel_size",
+                 "decode_data_parallel_size", "prefill_enable_expert_parallel", "decode_enable_expert_parallel",
+                 "prefill_gpu", "decode_gpu", "kv_transfer_bandwidth", "kv_transfer_latency")
 """Settings that apply only to prefill/decode pools."""
 
 
 def disaggregated(config: RunConfig) -> bool:
     return config.prefill_replicas is not None
+
+
+def pool_parallelism(config: RunConfig, role: str) -> tuple[int, bool]:
+    """The data-parallel attention ranks of each worker of pool `role` (prefill or decode) and
+    whether its experts are spread (expert parallelism): the pool's own settings, else the run's."""
+    dp = getattr(config, f"{role}_data_parallel_size")
+    ep = getattr(config, f"{role}_enable_expert_parallel")
+    return (config.data_parallel_size if dp is None else dp,
+            config.enable_expert_parallel if ep is None else ep)
 
 
 def is_fleet(config: RunConfig) -> bool:
@@ -382,6 +398,14 @@ def check_fleet(config: RunConfig) -> None:
     if config.num_replicas != 1:
         raise InputError(f"--num-replicas {config.num_replicas} is for colocated replicas; prefill/decode pools "
                          "are sized by --prefill-replicas and --decode-replicas")
+    for role in ("prefill", "decode"):
+        dp, ep = pool_parallelism(config, role)
+        if dp > 1 and not ep:
+            asked = (f"--{role}-data-parallel-size" if getattr(config, f"{role}_data_parallel_size") is not None
+                     else "--data-parallel-size")
+            raise InputError(f"{asked} {dp} prices data-parallel attention with expert parallelism: add "
+                             f"--{role}-enable-expert-parallel or --enable-expert-parallel (dense models: more "
+                             f"--{role}-replicas)")
     for name in ("prefill_gpu", "decode_gpu"):
         if getattr(config, name) is not None:
             try:

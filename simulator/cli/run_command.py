@@ -197,6 +197,17 @@ def read_by(setting: str) -> str:
 @setting("prefill_tensor_parallel_size", help="GPUs of each prefill server "
                                               "[default: --tensor-parallel-size].")
 @setting("decode_tensor_parallel_size", help="GPUs of each decode server [default: --tensor-parallel-size].")
+@setting("prefill_data_parallel_size", help="Data-parallel attention ranks of each prefill worker, each rank a "
+                                            "server of the pool, their experts one group (as "
+                                            "--data-parallel-size) [default: --data-parallel-size].")
+@setting("decode_data_parallel_size", help="Data-parallel attention ranks of each decode worker "
+                                           "[default: --data-parallel-size].")
+@click.option("--prefill-enable-expert-parallel/--prefill-no-expert-parallel", "prefill_enable_expert_parallel",
+              default=None, help="Each prefill worker's experts spread whole over its GPUs, or split "
+                                 "[default: --enable-expert-parallel].")
+@click.option("--decode-enable-expert-parallel/--decode-no-expert-parallel", "decode_enable_expert_parallel",
+              default=None, help="Each decode worker's experts spread whole over its GPUs, or split "
+                                 "[default: --enable-expert-parallel].")
 @setting("prefill_gpu", help="GPU profile of the prefill servers: their memory, KV cache and step times "
                              "[default: --gpu].")
 @setting("decode_gpu", help="GPU profile of the decode servers, as aiconfigurator's --decode-system "
