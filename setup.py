@@ -23,6 +23,7 @@ from setuptools.command.build_ext import build_ext
 COMPILED = [
     "simulator/engine/decoders.py",
     "simulator/engine/kv.py",
+    "simulator/engine/offload.py",
     "simulator/engine/queues.py",
     "simulator/engine/request.py",
     "simulator/engine/running.py",

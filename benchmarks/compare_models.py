@@ -5,11 +5,14 @@ disaggregated DeepSeek rows of the reference table (`../shared/reference/serving
 aiconfigurator_silicon_h100_h200.csv`), as `simulate compare` does, and prints per model, stack and
 mode: rows, rows rerun, the median |error| of mean TPOT and mean TTFT, and every skip's reason. The
 disaggregated rows whose workers the table does not give (rerun as one prefill and one decode worker,
-`simulator.sim2real.silicon`) are reported apart, as `disagg-1p1d`. `--speculative METHOD:K:ACCEPTANCE`
+`simulator.sim2real.silicon`) are reported apart, as `disagg-1p1d`. Each row reruns on the scheduler
+`simulate compare` gives a silicon row of its stack by default (`--client supported`:
+`simulator.sim2real.sweeps.SUPPORTED`), or on `--scheduler`'s hypothesis for every stack (`stock`,
+`bench`, `vllm-default`: `simulator.sim2real.sweeps.Hypothesis`). `--speculative METHOD:K:ACCEPTANCE`
 reruns the rows twice, without and with every server speculating so (`mtp:1:0.85`: DeepSeek's MTP
 layer drafting one token accepted with probability 0.85), and prints both tables.
 
-    python -m benchmarks.compare_models [--models deepseek-r1,deepseek-v3] [--modes agg]
+    python -m benchmarks.compare_models [--models deepseek-r1,deepseek-v3] [--modes agg] [--scheduler bench]
         [--speculative mtp:1:0.85] [--jobs 2] [--out rows.parquet]
 """
 
@@ -25,6 +28,7 @@ import polars as pl
 from simulator.deploy.resolve import ModelResolver
 from simulator.sim2real.compare import ROW_SCHEMA, Scheduler
 from simulator.sim2real.silicon import read_silicon_csv
+from simulator.sim2real.sweeps import SCHEDULERS, SUPPORTED, Hypothesis
 from simulator.sim2real.units import run_units, units_of
 
 REFERENCE = Path(__file__).resolve().parents[2] / "shared" / "reference"
@@ -95,6 +99,8 @@ def main() -> None:
                         help="only rows of these modes (comma-separated: agg, disagg)")
     parser.add_argument("--configs", type=Path, default=REFERENCE / "models",
                         help="the folder of the models' config.json files")
+    parser.add_argument("--scheduler", choices=("supported", *SCHEDULERS), default="supported",
+                        help="the servers' scheduler: each stack's supported one, or this one for every stack")
     parser.add_argument("--speculative", type=speculation, default=None,
                         help="also rerun every row with this speculative decoding, METHOD:K:ACCEPTANCE")
     parser.add_argument("--jobs", type=int, default=2)
@@ -104,11 +110,14 @@ def main() -> None:
     reading = read_silicon_csv(args.table, ModelResolver(args.configs, args.configs / ".no-hf-cache"))
     points = [p for p in reading.points if p.name in by_id]
     read_skips = [(by_place[where], reason) for where, reason in reading.skipped if where in by_place]
+    rules = [SUPPORTED.get(point.backend) if args.scheduler == "supported" else Hypothesis(args.scheduler)
+             for point in points]
     frames = []
     for spec in (None, args.speculative) if args.speculative else (None,):
         rows: list[dict[str, object]] = []
         skipped = list(read_skips)
-        for result in run_units(units_of(points), {}, scheduler=Scheduler(speculation=spec), jobs=args.jobs):
+        for result in run_units(units_of(points), {}, scheduler=Scheduler(speculation=spec), jobs=args.jobs,
+                                rules=rules):
             rows += result.rows
             skipped += [(by_id[name], reason) for name, reason in result.skipped]
         frame = pl.DataFrame(rows, schema=ROW_SCHEMA)

@@ -1,7 +1,7 @@
 """Digests of the tables of a fixed set of varied runs: what a refactor must leave bit for bit alone.
 
 Each case is a `simulate` command line (every policy, TP, fp8, a fleet behind a router, prefill/decode
-pools, sessions, prefix caching, a time-limited run, a `compare` rerun). The script runs each in a
+pools, sessions, prefix caching, a KV host tier, a time-limited run, a `compare` rerun). The script runs each in a
 fresh process through the command line, so it runs the same on any revision whatever its module
 layout, reads back the Parquet tables the command wrote, and prints a sha256 of each table's
 contents (column names, types and values; not the file's metadata, which holds the date). Two
@@ -48,6 +48,8 @@ CASES: dict[str, list[str]] = {
     "kv-pressure": ["--policy", "continuous", "--rate", "20", "--num-gpu-blocks-override", "600", *SMALL],
     "speculative": ["--policy", "chunked", "--rate", "20", "--num-gpu-blocks-override", "600", "--speculative-method",
                     "eagle", "--num-speculative-tokens", "3", "--spec-acceptance", "0.8,0.6,0.5", *SMALL],
+    "kv-offload": ["--policy", "chunked", "--rate", "12", "--prefix-len", "400", "--num-prefixes", "24",
+                   "--num-gpu-blocks-override", "500", "--kv-offload-gb", "0.2", *SMALL],
 }
 COMPARE = ["compare", str(SERVING / "aiconfigurator_silicon_vllm.csv")]
 

@@ -15,7 +15,8 @@ kernel is plainly bound by one thing, so each is an achieved rate, not a datashe
 The kernel tables hold no host-side time, so the host overheads (per step, sequence, token) are 0
 here; whole-pass calibration measures them. interconnect_bw and interconnect_latency (NVLink per GPU,
 one direction, and a collective's fixed time) are system.yaml's intra_node_bw and p2p_latency: the
-all-reduce roofline beyond the measured collectives.
+all-reduce roofline beyond the measured collectives; host_link_bw (PCIe, one direction: the KV host
+tier's loads) is its pcie_bw.
 
 `python -m calibration.build_reference` writes these constants into each shipped profile.
 """
@@ -91,6 +92,7 @@ def build_profile(gpu: str, reference: Path) -> dict[str, object]:
         "per_token_overhead": 0.0,
         "interconnect_bw": float(node["intra_node_bw"]),
         "interconnect_latency": float(node["p2p_latency"]),
+        "host_link_bw": float(node["pcie_bw"]),
         "source": (f"{GPUS[gpu]}: achieved rates fitted by calibration/fit_roofline.py from aiconfigurator "
                    f"(ai-dynamo/aiconfigurator, commit 095f58a, Apache-2.0) measured vLLM 0.14.0 kernels, "
                    f"systems/data/{gpu}; memory and datasheet rates from its system.yaml"),

@@ -6,7 +6,9 @@ fused MoE by quantization (mxfp4, int4, fp8 blocks) and expert parallelism, and 
 seconds); a table the stack has no rows for is left out, and the cost model prices that operator by
 roofline, saying so. Where the stack has no per-kernel measurements of its own the nearest stack's
 stand in, as `SOURCES` says (vLLM's MLA rows are per module, GEMMs included; DeepEP is one library
-measured once, under SGLang). Latencies in the kernel-db are milliseconds (DeepEP's microseconds).
+measured once, under SGLang), and where its rows time another kernel than its server runs, the
+rows of the kernel it does run (`INT4_STACK`). Latencies in the kernel-db are milliseconds
+(DeepEP's microseconds).
 
 Run: python -m calibration.kernel_db_models [--kernel-db ../shared/reference/kernel-db]
 writes the tables into the shipped `h100_sxm` and `h200_sxm` profiles (vLLM's stack) and says in
@@ -26,6 +28,14 @@ PROFILES_DIR = Path(__file__).resolve().parent / "profiles"
 KERNEL_DB = Path(__file__).resolve().parents[2] / "shared" / "reference" / "kernel-db"
 MLA_STACK = {"vllm": "sglang", "sglang": "sglang", "trtllm": "trtllm"}
 """Whose per-kernel MLA measurements each stack's profile takes (vLLM's are whole modules)."""
+INT4_STACK = {"vllm": "sglang", "sglang": "sglang"}
+"""Whose int4 fused-MoE rows each stack's profile takes: Marlin's (`sglang_marlin_moe`). vLLM
+serves a compressed-tensors int4 checkpoint (Kimi-K2.5's) on Hopper with its Marlin MoE kernel
+(`CompressedTensorsWNA16MarlinMoEMethod`), but its kernel-db rows (`vllm_marlin_int4_moe`) time
+`fused_experts` with an int4 w4a16 config, the Triton kernel (aiconfigurator's
+collector/vllm/collect_moe.py): 1.6-6.4x SGLang's Marlin rows of the same shapes, where vLLM's and
+SGLang's bf16 and fp8-block rows agree within 0.8-1.4x (medians per token count). TensorRT-LLM's
+table has no int4 experts."""
 MOE_DTYPES = {"bfloat16": "bfloat16", "fp8": "fp8", "fp8_block": "fp8_block", "w4a16_mxfp4": "mxfp4",
               "int4_wo": "int4"}
 """kernel-db's moe_dtype -> servesim's weight or expert dtype."""
@@ -74,8 +84,16 @@ def moe_quant_table(kernel_db: Path, gpu: str, stack: str) -> tuple[pl.DataFrame
     if found is None:
         return None
     # The 4-bit experts at any parallelism, and every dtype under expert parallelism: what the profile's
-    # moe table (tensor-parallel bf16, fp8 and fp8-block experts) lacks.
-    rows = pl.read_parquet(found[0]).filter(
+    # moe table (tensor-parallel bf16, fp8 and fp8-block experts) lacks; int4 from `INT4_STACK`'s Marlin rows.
+    int4 = _latest(kernel_db / gpu / "moe" / INT4_STACK[stack], "moe_perf.parquet") if stack in INT4_STACK else None
+    source = f"{stack} {found[1]}"
+    rows = pl.read_parquet(found[0]).filter(pl.col("moe_dtype") != "int4_wo")
+    if int4 is not None:
+        marlin = pl.read_parquet(int4[0]).filter((pl.col("moe_dtype") == "int4_wo")
+                                                 & (pl.col("kernel_source") == "sglang_marlin_moe"))
+        rows = pl.concat([rows, marlin.select(rows.columns)])
+        source += f"; int4 experts: {INT4_STACK[stack]} {int4[1]} Marlin"
+    rows = rows.filter(
         (pl.col("distribution") == "balanced") & pl.col("moe_dtype").is_in(list(MOE_DTYPES))
         & (pl.col("moe_dtype").is_in(["w4a16_mxfp4", "int4_wo"]) | (pl.col("moe_ep_size") > 1)))
     table = (rows.select(dtype=pl.col("moe_dtype").replace(MOE_DTYPES), num_tokens="num_tokens",
@@ -85,7 +103,7 @@ def moe_quant_table(kernel_db: Path, gpu: str, stack: str) -> tuple[pl.DataFrame
              .group_by("dtype", "num_tokens", "hidden_size", "inter_size", "topk", "num_experts", "expert_parallel")
              .agg(pl.col("latency").median())
              .sort("dtype", "expert_parallel", "hidden_size", "inter_size", "topk", "num_experts", "num_tokens"))
-    return table, f"{stack} {found[1]}"
+    return table, source
 
 
 def all_to_all_table(kernel_db: Path, gpu: str) -> tuple[pl.DataFrame, str] | None:

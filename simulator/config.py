@@ -72,6 +72,11 @@ class RunConfig:
     """Use exactly this many KV blocks instead of sizing them from GPU memory (as vLLM's flag)."""
     enable_prefix_caching: bool = True
     """vLLM V1's automatic prefix caching (its default: on); it acts on workloads with prefix identity."""
+    # KV offload: a host tier under the prefix cache (simulator.engine.kv), one server only.
+    kv_offload_gb: float = 0.0
+    """GB (1e9 bytes) of host memory per server holding KV blocks the GPU cache evicted; 0: none."""
+    kv_offload_bandwidth: float | None = None
+    """GB/s per GPU of the host link, host to device (None: the GPU profile's `host_link_bw`, PCIe)."""
     # Workload: open loop at `rate` (requests/s; inf = all at once) or closed loop of `concurrency`
     # clients; `num_requests` or `duration` bounds it; or a trace file replayed as it is.
     rate: float | None = None
@@ -103,6 +108,12 @@ class RunConfig:
     prefill_tensor_parallel_size: int | None = None
     """GPUs of each prefill server (None: --tensor-parallel-size)."""
     decode_tensor_parallel_size: int | None = None
+    prefill_data_parallel_size: int | None = None
+    """Data-parallel attention ranks of each prefill worker, each a server of the pool (None: --data-parallel-size)."""
+    decode_data_parallel_size: int | None = None
+    prefill_enable_expert_parallel: bool | None = None
+    """Each prefill worker's routed experts spread over its GPUs (None: --enable-expert-parallel)."""
+    decode_enable_expert_parallel: bool | None = None
     prefill_gpu: str | None = None
     """GPU profile of each prefill server, its memory and step times its own (None: --gpu)."""
     decode_gpu: str | None = None
@@ -141,6 +152,7 @@ class RunConfig:
         check_fleet(self)
         self._check_speculation()
         build_policy(self)  # the policy's name, and what that policy refuses of these settings
+        self._check_kv_offload()
         self._check_workload_source()
         if self.trace is None:
             self._check_synthetic_workload()
@@ -186,6 +198,24 @@ class RunConfig:
     def speculates(self) -> bool:
         """Does every decode step draft tokens (a method, and k above 0)?"""
         return self.speculative_method is not None and bool(self.num_speculative_tokens)
+
+    def _check_kv_offload(self) -> None:
+        """The host tier holds blocks the prefix cache evicted, and is read by its hits: refused
+        where there are none."""
+        if not self.kv_offload_gb:
+            if self.kv_offload_bandwidth is not None:
+                raise InputError(f"--kv-offload-bandwidth {self.kv_offload_bandwidth:g} needs --kv-offload-gb "
+                                 "(the host tier whose loads cross that link)")
+            return
+        given = f"--kv-offload-gb {self.kv_offload_gb:g}"
+        if not self.enable_prefix_caching:
+            raise InputError(f"{given} needs prefix caching: the host tier holds the blocks the prefix cache "
+                             "evicts (drop --no-enable-prefix-caching)")
+        if not build_policy(self).prefix_hits:
+            raise InputError(f"{given} does not apply to --policy {self.policy}, which takes no prefix-cache hits")
+        if is_fleet(self):
+            raise InputError(f"{given} runs on one server (drop --num-replicas, or --prefill-replicas and "
+                             "--decode-replicas)")
 
     def _check_load(self) -> None:
         """A finite --rate with --concurrency caps an open loop; sessions pace their own turns, take no cap."""
@@ -323,13 +353,23 @@ def parse_goodput(specs: tuple[str, ...]) -> tuple[tuple[str, float], ...]:
 
 # The fleet's settings checked together: colocated replicas or prefill/decode pools, not both, and
 # each pool setting only where it applies.
-POOL_SETTINGS = ("prefill_tensor_parallel_size", "decode_tensor_parallel_size", "prefill_gpu", "decode_gpu",
-                 "kv_transfer_bandwidth", "kv_transfer_latency")
+POOL_SETTINGS = ("prefill_tensor_parallel_size", "decode_tensor_parallel_size", "prefill_data_parallel_size",
+                 "decode_data_parallel_size", "prefill_enable_expert_parallel", "decode_enable_expert_parallel",
+                 "prefill_gpu", "decode_gpu", "kv_transfer_bandwidth", "kv_transfer_latency")
 """Settings that apply only to prefill/decode pools."""
 
 
 def disaggregated(config: RunConfig) -> bool:
     return config.prefill_replicas is not None
+
+
+def pool_parallelism(config: RunConfig, role: str) -> tuple[int, bool]:
+    """The data-parallel attention ranks of each worker of pool `role` (prefill or decode) and
+    whether its experts are spread (expert parallelism): the pool's own settings, else the run's."""
+    dp = getattr(config, f"{role}_data_parallel_size")
+    ep = getattr(config, f"{role}_enable_expert_parallel")
+    return (config.data_parallel_size if dp is None else dp,
+            config.enable_expert_parallel if ep is None else ep)
 
 
 def is_fleet(config: RunConfig) -> bool:
@@ -355,6 +395,14 @@ def check_fleet(config: RunConfig) -> None:
     if config.num_replicas != 1:
         raise InputError(f"--num-replicas {config.num_replicas} is for colocated replicas; prefill/decode pools "
                          "are sized by --prefill-replicas and --decode-replicas")
+    for role in ("prefill", "decode"):
+        dp, ep = pool_parallelism(config, role)
+        if dp > 1 and not ep:
+            asked = (f"--{role}-data-parallel-size" if getattr(config, f"{role}_data_parallel_size") is not None
+                     else "--data-parallel-size")
+            raise InputError(f"{asked} {dp} prices data-parallel attention with expert parallelism: add "
+                             f"--{role}-enable-expert-parallel or --enable-expert-parallel (dense models: more "
+                             f"--{role}-replicas)")
     for name in ("prefill_gpu", "decode_gpu"):
         if getattr(config, name) is not None:
             try:

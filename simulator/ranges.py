@@ -123,8 +123,12 @@ RANGES: dict[str, Range] = {
     "decode_replicas": Range(int, 1, MAX_SERVERS, "servers"),
     "prefill_tensor_parallel_size": Range(int, 1, MAX_GPUS, "GPUs"),
     "decode_tensor_parallel_size": Range(int, 1, MAX_GPUS, "GPUs"),
+    "prefill_data_parallel_size": Range(int, 1, MAX_GPUS, "ranks"),
+    "decode_data_parallel_size": Range(int, 1, MAX_GPUS, "ranks"),
     "kv_transfer_bandwidth": Range(float, 1e-3, 1e6, "GB/s"),
     "kv_transfer_latency": _seconds(),
+    "kv_offload_gb": Range(float, 0.0, 1e6, "GB"),
+    "kv_offload_bandwidth": Range(float, 1e-3, 1e6, "GB/s"),
     "time_limit": _seconds(low_open=True),
     "num_speculative_tokens": Range(int, 0, MAX_DRAFT_TOKENS, "tokens"),
 }

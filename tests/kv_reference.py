@@ -7,16 +7,37 @@ from __future__ import annotations
 from collections import OrderedDict, deque
 
 from simulator.engine.kv import KVBlocks
+from simulator.engine.offload import HostTier
 from simulator.engine.request import Request
+
+
+class ReferenceHost:
+    """The host tier's counters as `simulator.engine.offload.HostBlocks` keeps them (the keys are
+    `ReferenceKVBlocks`'s); its load time computed as the docs say it."""
+
+    def __init__(self, tier: HostTier) -> None:
+        self.tier, self.stored, self.loading, self.held = tier, 0, 0, 0
+
+    def __len__(self) -> int:
+        return self.held
+
+    def take_load_time(self) -> float:
+        seconds = self.loading * self.tier.block_bytes / self.tier.bandwidth
+        self.loading = 0
+        return seconds
 
 
 class ReferenceKVBlocks(KVBlocks):
     """`simulator.engine.kv.KVBlocks` with its cache bookkeeping one block at a time, in state of its own:
     each cached key's reference count, the free queue as positions (cached blocks one by one,
-    uncached ones as runs), and each request's held keys (None: an uncached copy)."""
+    uncached ones as runs), and each request's held keys (None: an uncached copy). The host tier is
+    each host key's time of last use (a counter), the least recent dropped by a search."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        self._host_used: dict[int, int] = {}
+        self._host_clock = 0
+        self.offload = ReferenceHost(self.host) if self.host is not None else None  # type: ignore[assignment]
         self._refs: dict[int, int] = {}
         self._evictable: OrderedDict[int, int] = OrderedDict()
         self._uncached: deque[list[int]] = deque([[0, self.num_blocks]])
@@ -58,7 +79,25 @@ class ReferenceKVBlocks(KVBlocks):
             else:
                 key, _ = evictable.popitem(last=False)
                 del self._refs[key]
+                self._store_one(key)
                 n -= 1
+
+    def _store_one(self, key: int) -> None:
+        """An evicted block goes to the host tier (most recently used); the least recently used
+        one past its capacity is dropped."""
+        if self.host is None:
+            return
+        assert isinstance(self.offload, ReferenceHost)
+        if key not in self._host_used:
+            self.offload.stored += 1
+        self._use(key)
+        if len(self._host_used) > self.host.blocks:
+            del self._host_used[min(self._host_used, key=self._host_used.__getitem__)]
+        self.offload.held = len(self._host_used)
+
+    def _use(self, key: int) -> None:
+        self._host_clock += 1
+        self._host_used[key] = self._host_clock
 
     def release(self, request: Request) -> None:
         """Give back the request's blocks; with caching, its full computed blocks stay cached."""
@@ -114,6 +153,11 @@ class ReferenceKVBlocks(KVBlocks):
             if not ref:
                 self.read_hits.append(keys[hits])  # type: ignore[arg-type]  # a key here, not a span
             hits += 1
+        gpu_hits = hits
+        while hits < limit and keys[hits] in self._host_used:
+            hits += 1
+        if hits > gpu_hits:
+            self.read_hits.append(None)  # type: ignore[arg-type]  # a hit with a host part
         request.computed = hits * self.block_size
         request.hit_blocks = hits
         request.hit_in_use = in_use
@@ -135,19 +179,32 @@ class ReferenceKVBlocks(KVBlocks):
                 self.num_free -= 1
             refs[key] = ref + 1
             held.append(key)
-        request.blocks = len(held)
-        request.computed = len(held) * self.block_size
+        loaded = 0
+        for key in keys[len(held):request.hit_blocks]:
+            if key not in self._host_used or loaded == self.num_free:
+                break
+            self._use(key)
+            loaded += 1
+        if self.offload is not None:
+            self.offload.loading += loaded
+        self.take(loaded)
+        request.blocks = len(held) + loaded
+        request.computed = (len(held) + loaded) * self.block_size
         request.hit_blocks = request.hit_in_use = 0
         self.queried_tokens += request.prompt_tokens + request.emitted
         self.hit_tokens += request.computed
+        self.host_hit_tokens += loaded * self.block_size
         if request.scheduled != request.scheduled:  # NaN: its first admission
             request.cached_tokens = request.computed
+            request.cached_tokens_host = loaded * self.block_size
 
     def room_sparing_hits(self, cap: int) -> int:
         """Blocks `take` can pop before it evicts a block of a hit `look_up` recorded: the free
         blocks queued ahead of the first such block (the queue pops in order of position)."""
         keys: set[int] = set(self.read_hits)  # type: ignore[arg-type]  # this look_up records keys
         read = [self._evictable[key] for key in keys if key in self._evictable]
+        if None in keys and self._evictable:  # a host part: no cached block may be evicted
+            read.append(min(self._evictable.values()))
         if not read:
             return cap
         first = min(read)

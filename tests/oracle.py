@@ -32,6 +32,7 @@ from simpy.events import NORMAL, URGENT, Timeout
 
 from simulator.cost import CostModel, StepShape
 from simulator.engine.kv import KVBlocks
+from simulator.engine.offload import HostTier
 from simulator.engine.request import Request, RequestColumns
 from simulator.engine.server import PolicyStalledError
 from simulator.engine.speculation import Speculation
@@ -163,7 +164,7 @@ class OracleServer:
                 self._sleeping = False
                 continue
             num_preempted = self._allocate(rows)
-            queried, hit = kv.queried_tokens, kv.hit_tokens
+            queried, hit, host_hit = kv.queried_tokens, kv.hit_tokens, kv.host_hit_tokens
             for request, n in admits:
                 self._admit(request, n, step)
             all_rows = rows + admits
@@ -171,7 +172,7 @@ class OracleServer:
                 for request, n in all_rows:
                     if not request.is_decoding:
                         kv.register(request, request.computed + n)
-            cache_stats = (kv.queried_tokens - queried, kv.hit_tokens - hit)
+            cache_stats = (kv.queried_tokens - queried, kv.hit_tokens - hit, kv.host_hit_tokens - host_hit)
             if step.batch is not None:
                 self.batch, self.batch_prompt = [r for r, _ in admits], step.batch.prompt_len
                 shape = StepShape.from_rows([(self.batch_prompt, self.batch_prompt)] * len(admits))
@@ -187,6 +188,8 @@ class OracleServer:
                 shape = StepShape.from_rows([(n, r.computed + n) for r, n in all_rows])
             start = self.env.now
             duration = self.cost.step_time(shape)
+            if kv.offload is not None and kv.offload.loading:  # the admissions' host-tier hits, loaded first
+                duration += kv.offload.take_load_time()
             yield ArrivalTimeout(self.env, duration, self.priority)
             if cache_stats[0]:
                 self.log.cache_queries(len(self.log), *cache_stats)
@@ -295,7 +298,8 @@ class OracleServer:
 
 
 def run_oracle(policy: Policy, cost: CostModel, kv_blocks: int, block_size: int, workload: Workload,
-               time_limit: float | None, prefix_caching: bool = False, speculation: Speculation | None = None
+               time_limit: float | None, prefix_caching: bool = False, speculation: Speculation | None = None,
+               host: HostTier | None = None
                ) -> tuple[RequestColumns, StepLog, float]:
     env = simpy.Environment()
     requests: list[Request] = []
@@ -315,7 +319,7 @@ def run_oracle(policy: Policy, cost: CostModel, kv_blocks: int, block_size: int,
             return request
 
         clients = SessionClients(env, workload, send, lambda delay: ArrivalTimeout(env, delay))
-        server = OracleServer(env, policy, cost, KVBlocks(kv_blocks, block_size, prefix_caching),
+        server = OracleServer(env, policy, cost, KVBlocks(kv_blocks, block_size, prefix_caching, host),
                               on_finish=clients.on_finish, speculation=speculation)
         clients.start()
     elif workload.arrival is None:
@@ -323,13 +327,13 @@ def run_oracle(policy: Policy, cost: CostModel, kv_blocks: int, block_size: int,
             if len(requests) < workload.num_requests:
                 server.submit(make_request(at))
 
-        server = OracleServer(env, policy, cost, KVBlocks(kv_blocks, block_size, prefix_caching), on_finish=next_client,
-                              speculation=speculation)
+        server = OracleServer(env, policy, cost, KVBlocks(kv_blocks, block_size, prefix_caching, host),
+                              on_finish=next_client, speculation=speculation)
         assert workload.concurrency is not None
         for _ in range(min(workload.concurrency, workload.num_requests)):
             server.submit(make_request(0.0))
     else:
-        server = OracleServer(env, policy, cost, KVBlocks(kv_blocks, block_size, prefix_caching),
+        server = OracleServer(env, policy, cost, KVBlocks(kv_blocks, block_size, prefix_caching, host),
                               speculation=speculation)
 
         def arrive() -> Generator[simpy.Event, Any, None]:

@@ -19,7 +19,7 @@ REQUESTS_SCHEMA = {
     "request_id": pl.Int64, "arrival": pl.Float64, "prompt_tokens": pl.Int64, "output_tokens": pl.Int64,
     "emitted_tokens": pl.Int64, "scheduled": pl.Float64, "first_token": pl.Float64, "finish": pl.Float64,
     "ttft": pl.Float64, "tpot": pl.Float64, "e2el": pl.Float64, "queue": pl.Float64, "preemptions": pl.Int64,
-    "priority": pl.Int64, "cached_tokens": pl.Int64,
+    "priority": pl.Int64, "cached_tokens": pl.Int64, "cached_tokens_gpu": pl.Int64, "cached_tokens_host": pl.Int64,
     "finished": pl.Boolean,
 }
 TOKENS_SCHEMA = {"request_id": pl.Int64, "index": pl.Int64, "time": pl.Float64}
@@ -27,7 +27,8 @@ STEPS_SCHEMA = {
     "step": pl.Int64, "start": pl.Float64, "duration": pl.Float64, "num_seqs": pl.Int64,
     "prefill_tokens": pl.Int64, "decode_tokens": pl.Int64, "padded_tokens": pl.Int64,
     "kv_blocks_used": pl.Int64, "num_waiting": pl.Int64, "num_running": pl.Int64, "num_preempted": pl.Int64,
-    "prefix_cache_queried_tokens": pl.Int64, "prefix_cache_hit_tokens": pl.Int64, "prefix_cache_hit_rate": pl.Float64,
+    "prefix_cache_queried_tokens": pl.Int64, "prefix_cache_hit_tokens": pl.Int64,
+    "prefix_cache_host_hit_tokens": pl.Int64, "prefix_cache_hit_rate": pl.Float64,
 }
 
 

@@ -9,6 +9,7 @@ import json
 import re
 import shutil
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 
 import polars as pl
@@ -251,3 +252,22 @@ def test_a_row_the_rerun_refuses_is_skipped_with_the_refusal(tmp_path: Path,
     code, out, err = outcome(["compare", str(path), "--strict", "--out", str(tmp_path / "strict.parquet")], capsys)
     assert code == 2 and err.startswith("error: big: cannot be rerun (--strict): llama-3.1-70b's weights")
     assert not (tmp_path / "strict.parquet").exists()
+
+
+def test_a_worker_that_dies_is_one_line_and_no_output(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """A worker killed mid-compare (the out-of-memory killer) ends the command with one line saying how
+    far it got, and no --out file, not a traceback."""
+    import simulator.sim2real.units as units
+    from simulator.sweep.executors import WorkerDied
+
+    def dies(*_args: object, **_kwargs: object) -> Iterator[object]:
+        raise WorkerDied("a worker process died (killed or out of memory)")
+        yield  # a generator, as run_units is
+
+    monkeypatch.setattr(units, "run_units", dies)
+    path = write_csv(tmp_path / "silicon.csv", AGG)
+    code, out, err = outcome(["compare", str(path), "--out", str(tmp_path / "rows.parquet")], capsys)
+    assert code != 0 and len(err.strip().splitlines()) == 1, err
+    assert "died" in err and "after 0 of 1 points" in err and "Traceback" not in err + out
+    assert not (tmp_path / "rows.parquet").exists()

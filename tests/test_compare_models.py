@@ -18,7 +18,7 @@ from simulator.deploy.hardware import load_gpu
 from simulator.deploy.model import load_model
 from simulator.deploy.resolve import ModelResolver
 from simulator.errors import InputError
-from simulator.run.pools import build_pools
+from simulator.run.pools import build_pools, pool_configs
 from simulator.run.sizing import gpu_shard
 from simulator.sim2real.compare import Scheduler, default_profile, point_config, point_workload
 from simulator.sim2real.measured import read_measured
@@ -164,16 +164,59 @@ def test_a_disaggregated_row_without_workers_is_one_prefill_and_one_decode_worke
     config = point_config(point, "h200_sxm")
     assert (config.prefill_replicas, config.decode_replicas) == (1, 1)
     assert (config.prefill_tensor_parallel_size, config.decode_tensor_parallel_size) == (8, 8)
-    assert config.enable_expert_parallel
+    assert config.prefill_enable_expert_parallel and config.decode_enable_expert_parallel
     # Without its concurrency either, nothing says how many clients ran: skipped.
     assert "without prefill_num_workers nor its concurrency" in reading.skipped[0][1]
 
 
-def test_a_disaggregated_pool_with_data_parallel_attention_is_skipped(tmp_path: Path) -> None:
-    row = DISAGG | {"model_path": "deepseek-ai/DeepSeek-V3", "decode_tp_size": "1", "decode_attention_dp_size": "8",
-                    "decode_moe_tp_size": "1", "decode_moe_ep_size": "8", "prefill_tp_size": "8",
-                    "prefill_moe_tp_size": "1", "prefill_moe_ep_size": "8"}
-    assert "attention data parallelism in a prefill or decode pool" in read(tmp_path, row).skipped[0][1]
+def test_a_disaggregated_pool_with_data_parallel_attention_is_one_server_per_rank(tmp_path: Path) -> None:
+    # DeepSeek-V3 as SGLang ran it on 16 H200: one prefill worker of TP 8 with its experts split
+    # (moe_tp 8, no EP), one decode worker of 8 data-parallel attention ranks of TP 1 sharing
+    # experts spread over all 8; decode_batch_size 16 is each rank's: 16 x 1 x 8 = 128 clients.
+    row = DISAGG | {"model_path": "deepseek-ai/DeepSeek-V3", "backend": "sglang", "system": "h200_sxm",
+                    "silicon_data_source": "", "precision": "fp8_block", "gemm_quant_mode": "fp8_block",
+                    "moe_quant_mode": "fp8_block", "prefill_num_workers": "1", "prefill_tp_size": "8",
+                    "prefill_moe_tp_size": "8", "prefill_moe_ep_size": "1", "decode_num_workers": "1",
+                    "decode_batch_size": "16", "decode_tp_size": "1", "decode_attention_dp_size": "8",
+                    "decode_moe_tp_size": "1", "decode_moe_ep_size": "8"}
+    reading = read(tmp_path, row)
+    assert not reading.skipped, reading.skipped
+    point = reading.points[0]
+    assert point.concurrency == 128
+    config = point_config(point, "h200_sxm")
+    assert (config.prefill_replicas, config.decode_replicas) == (1, 1)
+    assert (config.decode_data_parallel_size, config.decode_enable_expert_parallel) == (8, True)
+    assert config.prefill_data_parallel_size is None and not config.enable_expert_parallel
+    model = load_model(config.model)
+    pools, _ = build_pools(config, model, load_gpu("h200_sxm"), point_workload(point))
+    assert [(pool.role, len(pool.policies)) for pool in pools] == [("prefill", 1), ("decode", 8)]
+    _, _, prefill = pool_configs(config)[0]
+    _, _, decode = pool_configs(config)[1]
+    # The prefill GPU holds 1/8 of every expert; a decode GPU 256 / 8 = 32 experts whole.
+    assert gpu_shard(prefill, model).expert_parallel == 1 and gpu_shard(decode, model).expert_parallel == 8
+    assert (decode.tensor_parallel_size, decode.data_parallel_size, decode.num_replicas) == (1, 8, 8)
+
+
+def test_every_disaggregated_deepseek_row_with_pool_data_parallelism_is_rerun() -> None:
+    # Each DeepSeek-V3 disaggregated row whose prefill or decode pool has data-parallel attention
+    # is read and its pools built and sized as its rerun does (weights fit, longest request fits).
+    with UPSTREAM.open() as file:
+        ids = {r["id"] for r in csv.DictReader(file) if r["mode"] == "disagg"
+               and r["model_path"] == "deepseek-ai/DeepSeek-V3"
+               and max(int(r["prefill_attention_dp_size"] or 1), int(r["decode_attention_dp_size"] or 1)) > 1}
+    reading = read_measured(UPSTREAM, resolver=ModelResolver(MODELS))
+    assert ids <= {point.name for point in reading.points}  # none skipped
+    built = 0
+    for point in reading.points:
+        if point.name in ids:
+            config = point_config(point, default_profile(point.gpu, point.backend))
+            pools, link = build_pools(config, load_model(config.model), load_gpu(config.gpu), point_workload(point))
+            assert point.prefill is not None and point.decode is not None and link is not None
+            assert [len(pool.policies) for pool in pools] == [
+                point.prefill.workers * point.prefill.attention_dp_size,
+                point.decode.workers * point.decode.attention_dp_size]
+            built += 1
+    assert built == len(ids) == 27
 
 
 def test_nine_in_ten_of_the_new_models_aggregated_rows_are_rerun() -> None:
@@ -196,3 +239,21 @@ def test_nine_in_ten_of_the_new_models_aggregated_rows_are_rerun() -> None:
     assert sum(total.values()) == 538
     assert sum(rerun.values()) >= 0.9 * sum(total.values()), (rerun, total)
     assert all(rerun[m] >= 0.8 * total[m] for m in NEW), (rerun, total)
+
+
+def test_compare_models_filters_rows_by_model() -> None:
+    """`benchmarks.compare_models --models`: only the named models' rows, DeepSeek's disaggregated ones
+    with DeepSeek; an unknown name is refused naming it."""
+    import argparse
+
+    from benchmarks.compare_models import TABLE, model_names, selected_rows
+
+    if not TABLE.exists():
+        pytest.skip("the reference table is not here")
+    by_id, _ = selected_rows(TABLE, model_names("kimi-k2.5,gpt-oss-120b"))
+    assert {key[0] for key in by_id.values()} == {"kimi-k2.5", "gpt-oss-120b"}
+    assert Counter(key[0] for key in by_id.values()) == {"kimi-k2.5": 45, "gpt-oss-120b": 246}
+    everything, _ = selected_rows(TABLE)
+    assert any(key[2].startswith("disagg") for key in everything.values())
+    with pytest.raises(argparse.ArgumentTypeError, match="unknown model llama"):
+        model_names("llama,kimi-k2.5")

@@ -113,6 +113,23 @@ def test_extrapolation_beyond_the_measured_range_is_recorded() -> None:
     assert not fresh.extrapolated  # records belong to one cost model, one run
 
 
+def test_a_shape_priced_again_costs_and_records_what_a_fresh_model_does() -> None:
+    # A cost model keeps the parts of a step that depend only on its tokens and sequences; a step of a
+    # shape it has seen (same batch, another context; a step past the measured range) must cost and
+    # record exactly what a cost model that never saw it does, step by step.
+    model = LLAMA_3_1_8B
+    shapes = [StepShape(8, 8, 8 * c) for c in (900, 1300, 900, 5000)] + [StepShape.from_rows([(16384, 16384)])] * 2
+    shapes += [StepShape.from_rows([(1, 3000)] * 8), StepShape(8, 8, 8 * 2000)]
+    kept = measured_cost(model, "h100_sxm")
+    records: Counter[str] = Counter()
+    for shape in shapes:
+        fresh = measured_cost(model, "h100_sxm")
+        assert kept.step_time(shape) == fresh.step_time(shape)  # to the bit
+        assert kept.breakdown(shape) == fresh.breakdown(shape)
+        records.update(fresh.extrapolated)  # its step_time's and breakdown's
+    assert records and kept.extrapolated == records
+
+
 def test_tensor_parallel_halves_gemms_and_adds_all_reduces() -> None:
     shape = StepShape.from_rows([(1, 2300)] * 64)
     one = measured_cost(LLAMA_3_1_8B, "h100_sxm").breakdown(shape)

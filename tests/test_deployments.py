@@ -201,6 +201,18 @@ def test_moe_held_out_shapes() -> None:
     assert float(np.median(errors)) < 0.08
 
 
+def test_moe_tables_are_priced_under_uniform_routing() -> None:
+    """Two of 8 experts per token, a kernel measured under balanced routing at 1 + 0.5 x (share of
+    experts read) ms: 1.125 at one token, 1.25 at two, 1.5 from four on (every expert read), so a
+    share of experts costs 0.5 ms. Uniform routing reads 1 - (3/4)^T of them: 7/16 at two tokens
+    (1.21875 ms), 1 - 0.75^8 at eight (1.5 - 0.5 x 0.75^8 ms); one token reads 2 either way."""
+    frame = pl.DataFrame({"hidden_size": 64, "inter_size": 32, "topk": 2, "num_experts": 8,
+                          "num_tokens": [1, 2, 4, 8], "latency": [1.125, 1.25, 1.5, 1.5]})
+    curve = MoeTable(frame, 2, (2, 1.0, 1.0)).curve("moe", (64, 32, 2, 8), [])
+    assert curve.xs == (1.0, 2.0, 4.0, 8.0)
+    assert curve.ys == pytest.approx((1.125, 1.21875, 1.5 - 0.5 * 0.75**4, 1.5 - 0.5 * 0.75**8))
+
+
 def dense_equivalent(intermediate: int) -> RooflineCost:
     spec = replace(QWEN3_30B_A3B, num_experts=0, num_experts_per_tok=0, moe_intermediate_size=0,
                    intermediate_size=intermediate)

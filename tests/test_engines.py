@@ -149,13 +149,18 @@ def test_random_workloads_speculating(policy: str, data: st.DataObject, limit: f
          num_gpu_blocks_override=300, speculative_method="eagle", num_speculative_tokens=4, spec_acceptance="0.6"),
     dict(policy="chunked", rate=20.0, input_len=300, output_len=60, cost="measured",
          speculative_method="eagle", num_speculative_tokens=3, spec_acceptance="0.7"),
+    dict(policy="chunked", rate=20.0, input_len=300, output_len=60, prefix_len=200, num_prefixes=12,
+         num_gpu_blocks_override=120, kv_offload_gb=0.05, speculative_method="eagle", num_speculative_tokens=3,
+         spec_acceptance="0.8"),
 ], ids=["eagle-preempting", "ngram-none-accepted", "priority-per-position", "prefix-cache", "sessions",
-        "closed-loop", "measured-cost"])
+        "closed-loop", "measured-cost", "with-a-host-tier"])
 def test_speculative_decoding(case: dict[str, Any]) -> None:
     """Speculative decoding with preemption, priorities, a prefix cache, sessions and the measured
     costs: the same tables, and the same acceptance metrics, as the oracle's."""
     summary = assert_identical(RunConfig(num_requests=150, **case))
     assert summary["completed"] == 150 and summary["spec_num_drafts"] > 0
+    if "kv_offload_gb" in case:  # both features at once: hits come back from the host tier too
+        assert summary["prefix_cache_host_hit_tokens"] > 0
     if case.get("num_gpu_blocks_override") == 300 and case["policy"] != "chunked":
         assert summary["preemptions"] > 0
 

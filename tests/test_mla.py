@@ -128,6 +128,28 @@ def test_model_tables_from_the_kernel_db() -> None:
     assert set(tables["all_to_all.parquet"]["op"].to_list()) == {"dispatch", "combine"}
 
 
+@needs_kernel_db
+def test_vllm_int4_experts_are_the_marlin_kernels() -> None:
+    """vLLM's int4 experts (Kimi-K2.5 at TP 8, 64 tokens) are the Marlin MoE kernel's measured time
+    (ms in the kernel-db, SGLang's collection), not vLLM's rows of the Triton w4a16 kernel, which take
+    several times longer for the same shape."""
+    from calibration.kernel_db_models import model_tables
+
+    def kernel_db_ms(stack: str, version: str) -> float:
+        raw = pl.read_parquet(KERNEL_DB / "h200_sxm" / "moe" / stack / version / "moe_perf.parquet")
+        return float(raw.filter((pl.col("moe_dtype") == "int4_wo") & (pl.col("num_experts") == 384)
+                                & (pl.col("moe_tp_size") == 8) & (pl.col("moe_ep_size") == 1)
+                                & (pl.col("distribution") == "balanced") & (pl.col("num_tokens") == 64)
+                                )["latency"].median())
+
+    moe = model_tables(KERNEL_DB, "h200_sxm", "vllm")["moe_quant.parquet"]
+    row = moe.filter((pl.col("dtype") == "int4") & (pl.col("num_experts") == 384) & (pl.col("inter_size") == 256)
+                     & (pl.col("expert_parallel") == 1) & (pl.col("num_tokens") == 64))
+    marlin = kernel_db_ms("sglang", "0.5.14")
+    assert row["latency"].to_list() == [pytest.approx(marlin * 1e-3)]
+    assert kernel_db_ms("vllm", "0.19.0") > 2 * marlin
+
+
 # (model, GPU, tensor parallel, data parallel, model-card active and total parameters, fewest and most
 # bytes a weight takes): DeepSeek-V3 37B/671B in fp8 blocks; Kimi-K2.5 32B/1.04T, experts int4 (4.5
 # bits), the rest bf16; gpt-oss-120b 5.13B (without embeddings)/116.8B, experts mxfp4 (4.25 bits);

@@ -24,6 +24,7 @@ from simulator.deploy.hardware import load_gpu
 from simulator.deploy.model import load_model
 from simulator.engine import stretch
 from simulator.engine.kv import KVBlocks, block_keys
+from simulator.engine.offload import HostTier
 from simulator.engine.request import Request
 from simulator.errors import InputError
 from simulator.metrics.summary import build_tables, summarize
@@ -136,7 +137,11 @@ def test_spans_keep_the_block_rules_call_by_call(data: st.DataObject) -> None:
     num_blocks = data.draw(st.integers(2, 16), label="blocks")
     segment = st.tuples(st.integers(0, 3), st.sampled_from([1, 3, 4, 5, 8, 13]))
     contents = data.draw(st.lists(st.lists(segment, min_size=1, max_size=4), min_size=1, max_size=4)) * 2
-    kvs = (KVBlocks(num_blocks, block, caching=True), ReferenceKVBlocks(num_blocks, block, caching=True))
+    # Sometimes a host tier under the cache: the evicted blocks' LRU, which a hit continues into.
+    host_blocks = data.draw(st.none() | st.integers(1, 12), label="host blocks")
+    host = HostTier(host_blocks, 1, 1.0) if host_blocks is not None else None
+    kvs = (KVBlocks(num_blocks, block, caching=True, host=host),
+           ReferenceKVBlocks(num_blocks, block, caching=True, host=host))
     twins = [[Request(i, 0.0, sum(n for _, n in content), 1, content=tuple(content)) for _ in kvs]
              for i, content in enumerate(contents)]
     cached, evicted = 0, False
@@ -158,6 +163,12 @@ def test_spans_keep_the_block_rules_call_by_call(data: st.DataObject) -> None:
                 kv.release(request)
                 request.admitted, request.computed = -1, 0
         assert (kvs[0].num_free, kvs[0].num_cached) == (kvs[1].num_free, kvs[1].num_cached)
+        counters = [(len(kv.offload), kv.offload.stored, kv.offload.loading) if kv.offload is not None else ()
+                    for kv in kvs]
+        assert counters[0] == counters[1]
+        assert [(kv.hit_tokens, kv.host_hit_tokens) for kv in kvs] == [(kvs[1].hit_tokens, kvs[1].host_hit_tokens)] * 2
+        assert not counters[0] or counters[0][0] <= host.blocks  # never more than the host tier holds
+        assert pair[0].cached_tokens_host == pair[1].cached_tokens_host <= pair[0].cached_tokens
         for kv in kvs:
             kv.read_hits.clear()
         for mine, theirs in twins:
@@ -170,18 +181,20 @@ def test_spans_keep_the_block_rules_call_by_call(data: st.DataObject) -> None:
         # What a decode stretch in flight leaves cached (a router's read), and how far it may take
         # blocks before a looked-up hit shrinks: against the reference taking the blocks for real.
         popped = data.draw(st.integers(0, kvs[0].num_free), label="popped")
-        hits = hits_after_taking(kvs[1], [theirs for _, theirs in waiting], popped)
-        assert [kvs[0].cached_tokens(mine, popped) for mine, _ in waiting] == [h * block for h in hits]
-        assert [kvs[1].cached_tokens(theirs, popped) for _, theirs in waiting] == [h * block for h in hits]
+        if host is None:  # a router reads the GPU's cache alone (a host tier runs on one server)
+            hits = hits_after_taking(kvs[1], [theirs for _, theirs in waiting], popped)
+            assert [kvs[0].cached_tokens(mine, popped) for mine, _ in waiting] == [h * block for h in hits]
+            assert [kvs[1].cached_tokens(theirs, popped) for _, theirs in waiting] == [h * block for h in hits]
         room = kvs[0].room_sparing_hits(kvs[0].num_free)
         assert kvs[1].room_sparing_hits(kvs[1].num_free) == room
         before = [theirs.hit_blocks for _, theirs in waiting]
         assert hits_after_taking(kvs[1], [theirs for _, theirs in waiting], room) == before
-        if room < kvs[0].num_free:
+        if room < kvs[0].num_free and host is None:  # with a host part, the room is cautious (kv.py)
             assert hits_after_taking(kvs[1], [theirs for _, theirs in waiting], room + 1) != before
         evicted = evicted or kvs[0].num_cached < cached
         cached = kvs[0].num_cached
     event("evicted" if evicted else "nothing evicted")
+    event("host hits" if kvs[0].host_hit_tokens else "no host hit")
 
 
 def hits_after_taking(kv: KVBlocks, waiting: list[Request], n: int) -> list[int]:
@@ -298,30 +311,36 @@ def test_caching_off_is_the_run_without_identity(policy: str) -> None:
     assert on.steps.equals(plain.steps) is (policy == "static")
 
 
+@pytest.mark.parametrize("host", [False, True], ids=["gpu-cache", "with-a-host-tier"])
 @pytest.mark.parametrize("policy", ["chunked", "priority"])
 @settings(SETTINGS, max_examples=ENGINE_EXAMPLES)
 @given(data=st.data(), turns=st.integers(1, 2))
-def test_bulk_cache_is_the_block_by_block_one(policy: str, data: st.DataObject, turns: int) -> None:
+def test_bulk_cache_is_the_block_by_block_one(policy: str, host: bool, data: st.DataObject, turns: int) -> None:
     """simulator.engine.kv's KVBlocks (runs of blocks at once) against tests/kv_reference.py (one block at
-    a time, the rules as the module docstring says them): the same run, table for table."""
+    a time, the rules as the module docstring says them): the same run, table for table; `host`
+    with a KV host tier (the reference's own LRU, block by block)."""
     case = data.draw(cases(policy))
     workload = replace(case.workload, content=data.draw(shared_prefixes(case.workload.prompt_tokens.tolist())))
     if turns > 1:
         if workload.arrival is not None:
             workload = replace(workload, arrival=np.sort(workload.arrival))
         workload = conversations(workload, turns, 0.0)
+    config = case.config
+    if host:
+        config = with_host_tier(config, data, int((workload.prompt_tokens + workload.output_tokens).max()))
     outcomes = []
     for blocks in (KVBlocks, ReferenceKVBlocks):
         try:
             with pytest.MonkeyPatch.context() as patch:
                 patch.setattr(driver, "KVBlocks", blocks)
-                result = simulate(case.config, workload)
+                result = simulate(config, workload)
         except InputError as error:
             outcomes.append(str(error))
             continue
         tables = build_tables(result)
         outcomes.append((tables.requests, tables.steps, tables.tokens))
         event("hits" if result.requests.cached_tokens.any() else "no hits")
+        event("host hits" if result.requests.cached_tokens_host.any() else "no host hit")
     if isinstance(outcomes[0], str):
         assert outcomes[1] == outcomes[0]
         return
@@ -367,3 +386,38 @@ def test_continuous_finishes_a_prompt_whose_hit_was_evicted_at_admission() -> No
     result = simulate(config)
     assert (result.requests.emitted == result.requests.output_tokens).all()
     assert result.requests.cached_tokens.sum() > 0
+
+
+def with_host_tier(config: RunConfig, data: st.DataObject, longest: int) -> RunConfig:
+    """`config` with a KV host tier of a few blocks (--kv-offload-gb for that many of its model's
+    blocks), a squeezed GPU cache (so it evicts) and sometimes a slow host link (so loads show)."""
+    block_bytes = load_model(config.model).kv_bytes_per_token * config.block_size
+    host_blocks = data.draw(st.integers(1, 64), label="host blocks")
+    gpu_blocks = -(-longest // config.block_size) + data.draw(st.integers(0, 40), label="spare GPU blocks")
+    bandwidth = data.draw(st.sampled_from([None, 1e-3, 1.0]), label="host link GB/s")
+    return replace(config, kv_offload_gb=(host_blocks + 0.5) * block_bytes / 1e9, kv_offload_bandwidth=bandwidth,
+                   num_gpu_blocks_override=config.num_gpu_blocks_override or gpu_blocks)
+
+
+@pytest.mark.parametrize("run_min", [1, stretch.RUN_MIN], ids=["every-stretch-as-arrays", "default-stretches"])
+@pytest.mark.parametrize("policy", ["continuous", "chunked", "priority"])
+@settings(SETTINGS, max_examples=ENGINE_EXAMPLES // 2)
+@given(data=st.data())
+def test_engine_matches_oracle_with_a_host_tier(policy: str, run_min: int, data: st.DataObject) -> None:
+    """As test_engine_matches_oracle_with_caching, with a KV host tier under the cache (--kv-offload-gb):
+    evicted blocks stored, hits continued on the host and loaded, the admitting steps waiting for them."""
+    default, stretch.RUN_MIN = stretch.RUN_MIN, run_min
+    try:
+        case = data.draw(cases(policy))
+        workload = replace(case.workload, content=data.draw(shared_prefixes(case.workload.prompt_tokens.tolist())))
+        if policy == "priority":
+            workload = replace(workload, priority=np.array(
+                data.draw(st.lists(st.integers(0, 2), min_size=workload.num_requests,
+                                   max_size=workload.num_requests)), dtype=np.int64))
+        longest = int((workload.prompt_tokens + workload.output_tokens).max())
+        summary = assert_identical(with_host_tier(case.config, data, longest), workload, may_fail=True)
+    finally:
+        stretch.RUN_MIN = default
+    if summary:
+        event("host hits" if summary["prefix_cache_host_hit_tokens"] else "no host hit")
+        event("preempted" if summary["preemptions"] else "no preemption")

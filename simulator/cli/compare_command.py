@@ -170,6 +170,7 @@ def compare_command(results: tuple[Path, ...], gpu: tuple[str, ...], tensor_para
     from simulator.sim2real.regret import regret_lines
     from simulator.sim2real.sweeps import SUPPORTED, Hypothesis
     from simulator.sim2real.units import run_units, units_of
+    from simulator.sweep.executors import WorkerDied
 
     if kv_cache_dtype != "auto":
         raise InputError(f"--kv-cache-dtype {kv_cache_dtype} is not replayed: the measured servers ran the "
@@ -213,6 +214,9 @@ def compare_command(results: tuple[Path, ...], gpu: tuple[str, ...], tensor_para
             skipped += result.skipped
             for note in result.notes:
                 notes[note] = notes.get(note, 0) + 1
+    except WorkerDied as exc:
+        raise InputError(f"{exc} after {len(results_by_unit)} of {len(units)} points were rerun; nothing was "
+                         "written: rerun with --jobs 1 to see the point it died on") from None
     finally:
         bar.close()
     rows = pl.DataFrame([row for index in sorted(results_by_unit) for row in results_by_unit[index]],

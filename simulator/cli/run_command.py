@@ -66,6 +66,9 @@ def format_summary(summary: dict[str, Any], config: RunConfig, metrics: tuple[st
         f"{'preemptions':<40}{summary['preemptions']}",
         *([f"{'prefix cache hit rate':<40}{summary['prefix_cache_hit_rate']:.2%}"]
           if summary["prefix_cache_queried_tokens"] else []),
+        *([f"{'  of it on GPU / host (KV offload)':<40}{summary['prefix_cache_hit_rate_gpu']:.2%} / "
+           f"{summary['prefix_cache_hit_rate_host']:.2%}"]
+          if summary["prefix_cache_queried_tokens"] and "kv_offload_blocks" in summary else []),
         f"{'GPU busy (share of the run)':<40}{summary['utilisation']:.1%}",
     ]
     if "request_goodput" in summary:
@@ -177,6 +180,11 @@ def read_by(setting: str) -> str:
                    "identity: --prefix-len, Mooncake hash_ids).")
 @setting("gpu_memory_utilization", help="Share of GPU memory for weights, activations and KV cache.")
 @setting("num_gpu_blocks_override", help="Exactly this many KV blocks [default: sized from memory].")
+@setting("kv_offload_gb", help="KV offload: GB of host memory per server holding the KV blocks the prefix "
+                               "cache evicts, loaded back over the host link on a hit (vLLM's CPU offloading "
+                               "connector) [default: 0, none].")
+@setting("kv_offload_bandwidth", help="KV offload: GB/s per GPU of the host link that hits load over "
+                                      "[default: the GPU profile's PCIe, 64 on the H100].")
 @setting("num_replicas", help="Identical servers, each its own GPUs, KV cache and scheduler, behind "
                               "--router.")
 @setting("router", type=Choice(ROUTERS), help="Which server takes each arrival, from the servers' state "
@@ -189,6 +197,17 @@ def read_by(setting: str) -> str:
 @setting("prefill_tensor_parallel_size", help="GPUs of each prefill server "
                                               "[default: --tensor-parallel-size].")
 @setting("decode_tensor_parallel_size", help="GPUs of each decode server [default: --tensor-parallel-size].")
+@setting("prefill_data_parallel_size", help="Data-parallel attention ranks of each prefill worker, each rank a "
+                                            "server of the pool, their experts one group (as "
+                                            "--data-parallel-size) [default: --data-parallel-size].")
+@setting("decode_data_parallel_size", help="Data-parallel attention ranks of each decode worker "
+                                           "[default: --data-parallel-size].")
+@click.option("--prefill-enable-expert-parallel/--prefill-no-expert-parallel", "prefill_enable_expert_parallel",
+              default=None, help="Each prefill worker's experts spread whole over its GPUs, or split "
+                                 "[default: --enable-expert-parallel].")
+@click.option("--decode-enable-expert-parallel/--decode-no-expert-parallel", "decode_enable_expert_parallel",
+              default=None, help="Each decode worker's experts spread whole over its GPUs, or split "
+                                 "[default: --enable-expert-parallel].")
 @setting("prefill_gpu", help="GPU profile of the prefill servers: their memory, KV cache and step times "
                              "[default: --gpu].")
 @setting("decode_gpu", help="GPU profile of the decode servers, as aiconfigurator's --decode-system "

@@ -29,6 +29,9 @@ from simulator.deploy.model import ModelSpec
 from simulator.errors import InputError
 
 LOG = logging.getLogger("servesim.cost")
+SHAPES_KEPT = 1 << 16
+"""(tokens, sequences) shapes whose token-only parts a cost model keeps (`MeasuredCost._kept`): a
+run's decode steps come back to the same few batch sizes; the bound holds its memory to a few MB."""
 
 
 @dataclass(frozen=True)
@@ -196,6 +199,7 @@ class MeasuredCost:
     def __init__(self, tables: MeasuredTables) -> None:
         self.tables = tables
         self.extrapolated: Counter[str] = Counter()
+        self._by_tokens: dict[tuple[int, int, int, int], tuple[tuple[float, ...], list[str]]] = {}
         model, gpu = tables.model, tables.gpu
         self._decode_seconds = model.kv_bytes_per_token_per_layer / gpu.attn_bw
         self._elementwise_roofline = lambda nbytes: nbytes / gpu.mem_bw
@@ -266,20 +270,59 @@ class MeasuredCost:
         return ALL_REDUCES_PER_LAYER * t.model.num_layers * t.all_reduce.time(all_reduce_bytes(t.model, tokens),
                                                                               self.extrapolated)
 
+    def _kept(self, part: int, tokens: int, num_seqs: int, logit_rows: int,
+              compute: Callable[[], tuple[float, ...]]) -> tuple[float, ...]:
+        """`compute()`, a part of a step's time that depends only on its tokens, sequences and logit
+        rows (sequences plus verified draft tokens), kept per (part, tokens, sequences, logit rows)
+        with the extrapolations it recorded, which a step of that shape records again: the same
+        numbers, counts and order of records as computing it every step."""
+        key = (part, tokens, num_seqs, logit_rows)
+        kept = self._by_tokens.get(key)
+        if kept is not None:
+            values, recorded = kept
+            if recorded:
+                self.extrapolated.update(recorded)
+            return values
+        outer = self.extrapolated
+        self.extrapolated = Counter()
+        try:
+            values = compute()
+            recorded = list(self.extrapolated.elements())
+        finally:
+            outer.update(self.extrapolated)
+            self.extrapolated = outer
+        if len(self._by_tokens) < SHAPES_KEPT:
+            self._by_tokens[key] = (values, recorded)
+        return values
+
+    def _gemms_and_dispatch(self, tokens: int, logit_rows: int) -> tuple[float, ...]:
+        """(a layer's GEMMs, the LM head, the MoE layers' all-to-all)."""
+        t = self.tables
+        layer_gemms, head = self._gemms(tokens, logit_rows)
+        collectives = 0.0
+        if t.all_to_all is not None and t.fallback is not None:
+            collectives = t.model.moe_layers * t.all_to_all.time(tokens, t.fallback.all_to_all_time, self.extrapolated)
+        elif t.fallback is not None:
+            collectives = t.model.moe_layers * t.fallback.all_to_all_time(tokens)
+        return layer_gemms, head, collectives
+
+    def _other_families(self, tokens: int, num_seqs: int, logit_rows: int, layer_gemms: float) -> tuple[float, ...]:
+        """(the dense layers' GEMMs, MoE, elementwise, all-reduces, host overhead)."""
+        t = self.tables
+        return (self._dense_layers(tokens, layer_gemms), self._moe(tokens), self._elementwise(tokens, logit_rows),
+                self._all_reduce(tokens), host_overhead(t.gpu, t.step_overhead, num_seqs, tokens))
+
     def breakdown(self, shape: StepShape) -> dict[str, float]:
         """Seconds per operator family for one step (the sum is `step_time`)."""
         t = self.tables
         tokens = shape.num_tokens
         if tokens == 0:
             return {}
-        layers = t.model.num_layers
-        logit_rows = shape.num_seqs + shape.spec_tokens  # the LM head and sampling see every verified draft token
-        layer_gemms, head = self._gemms(tokens, logit_rows)
-        decode = prefill = collectives = 0.0
-        if t.all_to_all is not None and t.fallback is not None:
-            collectives = t.model.moe_layers * t.all_to_all.time(tokens, t.fallback.all_to_all_time, self.extrapolated)
-        elif t.fallback is not None:
-            collectives = t.model.moe_layers * t.fallback.all_to_all_time(tokens)
+        layers, num_seqs = t.model.num_layers, shape.num_seqs
+        logit_rows = num_seqs + shape.spec_tokens  # the LM head and sampling see every verified draft token
+        layer_gemms, head, collectives = self._kept(0, tokens, num_seqs, logit_rows,
+                                                    lambda: self._gemms_and_dispatch(tokens, logit_rows))
+        decode = prefill = 0.0
         if t.decode is None or t.prefill is None:
             assert t.fallback is not None
             if shape.decode_seqs:
@@ -295,11 +338,11 @@ class MeasuredCost:
                 shape.prefill_seqs, shape.prefill_pairs / shape.prefill_seqs, self.prefill_roofline, self.extrapolated)
             if t.model.is_mla and t.fallback is not None:  # the cached context's up projection (kv_b)
                 prefill += layers * t.fallback.mla_context_up_projection(shape)
-        return {"gemm": layers * layer_gemms + head + self._dense_layers(tokens, layer_gemms), "moe": self._moe(tokens),
-                "decode_attention": decode, "prefill_attention": prefill,
-                "elementwise": self._elementwise(tokens, logit_rows),
-                "collectives": self._all_reduce(tokens) + collectives,
-                "overhead": host_overhead(t.gpu, t.step_overhead, shape.num_seqs, tokens)}
+        dense, moe, elementwise, all_reduce, overhead = self._kept(
+            1, tokens, num_seqs, logit_rows, lambda: self._other_families(tokens, num_seqs, logit_rows, layer_gemms))
+        return {"gemm": layers * layer_gemms + head + dense, "moe": moe, "decode_attention": decode,
+                "prefill_attention": prefill, "elementwise": elementwise, "collectives": all_reduce + collectives,
+                "overhead": overhead}
 
     def step_time(self, shape: StepShape) -> float:
         if shape.num_tokens == 0:
@@ -315,10 +358,12 @@ class MeasuredCost:
         return np.array([self.step_time(StepShape(num_seqs, num_seqs, int(c))) for c in contexts], dtype=np.float64)
 
 
-@lru_cache(maxsize=32)
+@lru_cache(maxsize=128)
 def _cached_tables(model: ModelSpec, profile: Profile, tensor_parallel_size: int, expert_parallel_size: int,
                    data_parallel_size: int) -> MeasuredTables:
     # Profiles hash by identity, and `load_profile` returns the same object until the files change.
+    # 128 deployments (about 0.5 MB of tables each): `simulate compare`'s worker meets the reference
+    # table's 61 in the order of the rows' lengths, and a table takes 0.4-0.9 s to build.
     return build_tables(model, profile, tensor_parallel_size, expert_parallel_size, data_parallel_size)
 
 

@@ -16,8 +16,30 @@ MoeShape = tuple[int, int, int, int]
 """(hidden size, each GPU's intermediate size of one expert, experts per token, experts)."""
 
 
+def uniform_routing_times(tokens: np.ndarray, times: np.ndarray, top_k: int, experts: int) -> np.ndarray:
+    """Fused-MoE times measured under balanced routing, as they are under uniform routing.
+
+    The kernel-db routes balanced: T tokens of top-k send T x k / E to every expert, so the kernel
+    reads a share min(1, T k / E) of a GPU's experts, all of them from T = E / k on. A server's
+    tokens each pick their experts independently (uniform, servesim's routing everywhere else), and
+    only 1 - (1 - k / E)^T of the experts are touched (`experts_touched`). The weights of the
+    experts balanced routing touches and uniform does not are taken off at the cost per share of
+    experts the curve itself shows between one token and E / k tokens, where balanced routing adds k
+    experts per token: (t(E / k) - t(1)) / (1 - k / E)."""
+    share = top_k / experts
+    full = 1.0 / share
+    if full <= tokens[0] or share >= 1.0:
+        return times
+    rise = float(np.interp(full, tokens, times)) - float(times[0])
+    per_share = max(0.0, rise / (1.0 - tokens[0] * share))
+    balanced = np.minimum(1.0, tokens * share)
+    uniform = experts_touched(tokens, experts, top_k) / experts  # type: ignore[arg-type]
+    return np.maximum(times - per_share * (balanced - uniform), times[0])
+
+
 class MoeTable:
-    """Fused-MoE times by tokens for the shapes on the grid. A shape off the grid takes the
+    """Fused-MoE times by tokens for the shapes on the grid, measured under balanced routing and
+    priced under uniform routing (`uniform_routing_times`). A shape off the grid takes the
     efficiency (roofline time / measured time, at each measured token count) of the measured shapes
     with the same hidden size, top-k and expert count, interpolated in log intermediate size between
     the two either side (the edge's beyond them), and divides its own roofline time by it. With no
@@ -30,8 +52,9 @@ class MoeTable:
         self.series: dict[MoeShape, tuple[np.ndarray, np.ndarray]] = {}
         for key, rows in frame.group_by("hidden_size", "inter_size", "topk", "num_experts"):
             rows = rows.group_by("num_tokens").agg(pl.col("latency").median()).sort("num_tokens")
-            shape = tuple(int(v) for v in key)  # type: ignore[union-attr]
-            self.series[shape] = (rows["num_tokens"].to_numpy().astype(float), rows["latency"].to_numpy())  # type: ignore[index]
+            shape: MoeShape = tuple(int(v) for v in key)  # type: ignore[assignment, union-attr]
+            tokens = rows["num_tokens"].to_numpy().astype(float)
+            self.series[shape] = (tokens, uniform_routing_times(tokens, rows["latency"].to_numpy(), shape[2], shape[3]))
         if not self.series:
             raise InputError("profile has no measured MoE kernels of this dtype")
 

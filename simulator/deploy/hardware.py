@@ -58,6 +58,9 @@ class GpuSpec:
     """Per-GPU bandwidth between GPUs of a node, one direction (NVLink), bytes/s."""
     interconnect_latency: float = 0.0
     """Fixed time of one collective beyond the measured ones."""
+    host_link_bw: float | None = None
+    """Bandwidth between the GPU and host memory, one direction (PCIe), bytes/s: the KV host tier's
+    loads (`--kv-offload-bandwidth`)."""
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -75,6 +78,7 @@ BYTES_PER_S, FLOPS, SECONDS = (0.0, 1e15), (0.0, 1e18), (0.0, 1.0)
 RANGES: dict[str, tuple[float, float]] = {
     "memory_bytes": (2**20, 2**50), "datasheet_mem_bw": BYTES_PER_S, "datasheet_flops": FLOPS,
     "mem_bw": BYTES_PER_S, "attn_bw": BYTES_PER_S, "fp8_mem_bw": BYTES_PER_S, "interconnect_bw": BYTES_PER_S,
+    "host_link_bw": BYTES_PER_S,
     "gemm_flops": FLOPS, "attn_flops": FLOPS, "fp8_gemm_flops": FLOPS, "kernel_latency": SECONDS,
     "attn_kernel_latency": SECONDS, "step_overhead": SECONDS, "per_sequence_overhead": SECONDS,
     "per_token_overhead": SECONDS, "interconnect_latency": SECONDS, "client_time": SECONDS,

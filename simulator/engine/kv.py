@@ -43,19 +43,22 @@ With it (vLLM V1's automatic prefix caching, `KVBlocks(caching=True)`):
   not hit each other's blocks (vLLM's scheduler can; here they are registered after the step's
   admissions).
 - Statistics as vLLM's: tokens queried (prompt + emitted at each admission) and hit.
+
+With a host tier (`--kv-offload-gb`, `HostTier`), blocks the cache evicts go to host memory, and a
+hit continues there after its GPU part: `simulator.engine.offload` says how.
 """
 
 from __future__ import annotations
 
 from bisect import bisect_left
 from collections import deque
-from collections.abc import Iterator
 from dataclasses import dataclass
 from itertools import compress, count
-from typing import Any
+from typing import Any, Final
 
 from mypy_extensions import mypyc_attr
 
+from simulator.engine.offload import HostBlocks, HostTier
 from simulator.engine.request import Request
 
 
@@ -71,6 +74,9 @@ class Span:
     refs: int
 
 
+HOST_READ: Final = Span([], 0, 0, 0)  # in `KVBlocks.read_hits`: a looked-up hit with a host part
+
+
 @mypyc_attr(allow_interpreted_subclasses=True)  # tests/kv_reference.py checks it block by block (setup.py)
 @dataclass
 class KVBlocks:
@@ -81,11 +87,16 @@ class KVBlocks:
     num_blocks: int
     block_size: int
     caching: bool = False
+    host: HostTier | None = None
+    """A host tier under the prefix cache (with `caching` only)."""
 
     def __post_init__(self) -> None:
         self.num_free = self.num_blocks
         self.queried_tokens = 0
         self.hit_tokens = 0
+        self.host_hit_tokens = 0
+        """Of `hit_tokens`, those loaded from the host tier."""
+        self.offload = HostBlocks(self.host) if self.host is not None else None
         self._starts: dict[int, Span] = {}
         """Each cached span by its first block's key (a cached key is in one span)."""
         self._queue: deque[Span | list[int]] = deque([[self.num_blocks]])
@@ -124,6 +135,8 @@ class KVBlocks:
             entry = queue[0]
             if isinstance(entry, Span):
                 count = min(n, entry.end - entry.first)
+                if self.offload is not None and count:
+                    self.offload.store(entry.keys, entry.end - count, entry.end)
                 entry.end -= count
                 self._num_cached -= count
                 if entry.end == entry.first:
@@ -247,6 +260,11 @@ class KVBlocks:
                 in_use += stop - first
             else:
                 self.read_hits.append((span, stop))
+        if self.offload is not None and hits < limit:
+            on_host = self.offload.run_end(keys, hits, limit)
+            if on_host > hits:
+                self.read_hits.append((HOST_READ, on_host))
+                hits = on_host
         request.computed = hits * self.block_size
         request.hit_blocks = hits
         request.hit_in_use = in_use
@@ -283,7 +301,8 @@ class KVBlocks:
 
     def room_sparing_hits(self, cap: int) -> int:
         """Blocks `take` can pop before it evicts a block of a hit in `read_hits` (a hit the
-        policy read, which would shrink), or `cap` if at least that many."""
+        policy read, which would shrink), or any cached block while such a hit has a host part;
+        or `cap` if at least that many."""
         if not self.read_hits:
             return cap
         stops: dict[Span, int] = {}
@@ -294,6 +313,8 @@ class KVBlocks:
             if room >= cap:
                 break
             if isinstance(entry, Span):
+                if HOST_READ in stops and entry.end > entry.first:
+                    return min(cap, room)
                 if entry in stops:
                     return min(cap, room + entry.end - stops[entry])
                 room += entry.end - entry.first
@@ -324,13 +345,20 @@ class KVBlocks:
             hits = stop
         if hits:
             _hold(request, hits, cached=True)
-        request.blocks = hits
-        request.computed = hits * self.block_size
+        loaded = 0
+        if self.offload is not None and hits < request.hit_blocks:
+            loaded = min(self.offload.run_end(keys, hits, request.hit_blocks) - hits, self.num_free)
+            self.offload.load(keys[hits:hits + loaded])
+            self.take(loaded)  # the GPU blocks they are loaded into
+        request.blocks = hits + loaded
+        request.computed = (hits + loaded) * self.block_size
         request.hit_blocks = request.hit_in_use = 0
         self.queried_tokens += request.prompt_tokens + request.emitted
         self.hit_tokens += request.computed
+        self.host_hit_tokens += loaded * self.block_size
         if request.scheduled != request.scheduled:  # NaN: its first admission
             request.cached_tokens = request.computed
+            request.cached_tokens_host = loaded * self.block_size
 
     def _hit_limit(self, request: Request, keys: list[int]) -> int:
         """The most blocks a hit may hold: full blocks only, the last token left to compute."""
@@ -341,29 +369,6 @@ class KVBlocks:
             assert request.content is not None
             request.block_keys = block_keys(request.content, self.block_size)
         return request.block_keys
-
-
-class WaitingWithHits:
-    """A waiting queue as a policy reads it under prefix caching: each request it hands over is
-    looked up first (`KVBlocks.look_up`), so its `computed` and `num_pending` count its hit."""
-
-    def __init__(self, queue: Any, kv: KVBlocks) -> None:
-        self._queue = queue
-        self._kv = kv
-
-    def __iter__(self) -> Iterator[Request]:
-        look_up = self._kv.look_up
-        for request in self._queue:
-            look_up(request)
-            yield request
-
-    def __len__(self) -> int:
-        return len(self._queue)
-
-    def first(self) -> Request:
-        request: Request = self._queue.first()
-        self._kv.look_up(request)
-        return request
 
 
 def _hold(request: Request, end: int, cached: bool) -> None:

@@ -15,9 +15,11 @@ import heapq
 from bisect import bisect_left, insort
 from collections import deque
 from collections.abc import Iterator
+from typing import Any
 
 from mypy_extensions import mypyc_attr
 
+from simulator.engine.kv import KVBlocks
 from simulator.engine.request import Request
 from simulator.engine.step import Scheduling
 
@@ -133,3 +135,26 @@ def make_queues(scheduling: Scheduling) -> tuple[FcfsQueue | PriorityQueue, Admi
     if scheduling == "priority":
         return PriorityQueue(), PriorityVictims()
     return FcfsQueue(), AdmissionOrder()
+
+
+class WaitingWithHits:
+    """A waiting queue as a policy reads it under prefix caching: each request it hands over is
+    looked up first (`KVBlocks.look_up`), so its `computed` and `num_pending` count its hit."""
+
+    def __init__(self, queue: Any, kv: KVBlocks) -> None:
+        self._queue = queue
+        self._kv = kv
+
+    def __iter__(self) -> Iterator[Request]:
+        look_up = self._kv.look_up
+        for request in self._queue:
+            look_up(request)
+            yield request
+
+    def __len__(self) -> int:
+        return len(self._queue)
+
+    def first(self) -> Request:
+        request: Request = self._queue.first()
+        self._kv.look_up(request)
+        return request

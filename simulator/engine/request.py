@@ -43,6 +43,8 @@ class Request:
     (see `simulator.engine.kv`)."""
     cached_tokens: int = 0
     """Prompt tokens found in the prefix cache at its first admission (vLLM's num_cached_tokens)."""
+    cached_tokens_host: int = 0
+    """Of `cached_tokens`, those loaded from the KV cache's host tier (`simulator.engine.kv`)."""
     # The prefix cache's bookkeeping (simulator.engine.kv): chained block keys, the blocks it holds as
     # runs (block index it ends at, cached or uncached copies), and a waiting request's
     # looked-up hit.
@@ -87,6 +89,7 @@ class RequestRecord(NamedTuple):
     preemptions: int
     priority: int
     cached_tokens: int
+    cached_tokens_host: int
 
 
 @dataclass
@@ -104,6 +107,7 @@ class RequestColumns:
     preemptions: np.ndarray
     priority: np.ndarray
     cached_tokens: np.ndarray
+    cached_tokens_host: np.ndarray
 
     def __len__(self) -> int:
         return len(self.arrival)
@@ -112,7 +116,7 @@ class RequestColumns:
         return RequestRecord(i, float(self.arrival[i]), int(self.prompt_tokens[i]), int(self.output_tokens[i]),
                              int(self.emitted[i]), float(self.scheduled[i]), float(self.first_token[i]),
                              float(self.finish[i]), int(self.preemptions[i]), int(self.priority[i]),
-                             int(self.cached_tokens[i]))
+                             int(self.cached_tokens[i]), int(self.cached_tokens_host[i]))
 
     def __iter__(self) -> Iterator[RequestRecord]:
         return (self[i] for i in range(len(self)))
@@ -125,4 +129,5 @@ class RequestColumns:
                      for f in fields(cls)))
 
 
-INT_FIELDS = frozenset({"prompt_tokens", "output_tokens", "emitted", "preemptions", "priority", "cached_tokens"})
+INT_FIELDS = frozenset({"prompt_tokens", "output_tokens", "emitted", "preemptions", "priority", "cached_tokens",
+                        "cached_tokens_host"})

@@ -95,8 +95,7 @@ class RunningSet:
         """its log row's num_seqs, prefill_tokens, decode_tokens, padded_tokens and num_preempted."""
         self._num_logged = len(log)
         """Rows in the step log (its `len`, kept here: the log's one writer)."""
-        self._cache_counts = (kv.queried_tokens, kv.hit_tokens)
-        """The prefix cache's queried and hit tokens as of the last row logged."""
+        self._cache_counts = (kv.queried_tokens, kv.hit_tokens, kv.host_hit_tokens)  # as of the last row logged
 
     def decode_shape(self) -> StepShape:
         """A step of the decoders alone: one row each, or every row of a padded batch at its length."""
@@ -394,7 +393,8 @@ class RunningSet:
         log.append(start, duration, num_seqs, prefill_tokens, decode_tokens, padded_tokens, kv.num_used,
                    len(self.waiting), self.num_running, num_preempted)
         self._num_logged += 1
-        queried, hit = self._cache_counts
+        queried, hit, host_hit = self._cache_counts
         if kv.queried_tokens != queried:
-            log.cache_queries(self._num_logged - 1, kv.queried_tokens - queried, kv.hit_tokens - hit)
-            self._cache_counts = (kv.queried_tokens, kv.hit_tokens)
+            log.cache_queries(self._num_logged - 1, kv.queried_tokens - queried, kv.hit_tokens - hit,
+                              kv.host_hit_tokens - host_hit)
+            self._cache_counts = (kv.queried_tokens, kv.hit_tokens, kv.host_hit_tokens)

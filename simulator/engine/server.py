@@ -9,7 +9,8 @@ and admissions and says whether the decoders run (`simulator.engine.step`). The 
 1. asks the policy for the step (`self` is the policy's view);
 2. has the running set take it: explicit rows and the decoders get the KV they grow into, the
    running set preempted from its back until that fits, and the admissions join;
-3. charges the step's cost: its end on the server's clock;
+3. charges the step's cost: its end on the server's clock (with a KV host tier, plus the time its
+   admissions' host hits take to load, `simulator.engine.kv`);
 4. advances the requests: explicit rows compute their tokens, the decoders' step count goes up,
    explicit requests that now decode join the decoders, those finishing leave;
 5. logs the step.
@@ -40,8 +41,8 @@ from simpy.events import NORMAL
 from simulator.cost import CostModel
 from simulator.engine import stretch
 from simulator.engine.clock import Clock
-from simulator.engine.kv import KVBlocks, WaitingWithHits
-from simulator.engine.queues import make_queues
+from simulator.engine.kv import KVBlocks
+from simulator.engine.queues import WaitingWithHits, make_queues
 from simulator.engine.request import Request
 from simulator.engine.running import RunningSet
 from simulator.engine.speculation import Speculation
@@ -187,6 +188,9 @@ class Server:
         """One step of any kind, the decoders taking part as one."""
         running, start = self.running_set, self.clock
         duration = self.cost.step_time(running.take(step, start))
+        offload = self.kv.offload
+        if offload is not None and offload.loading:  # its admissions' host-tier hits, loaded first
+            duration += offload.take_load_time()
         end = start + duration
         if end >= self.limit:
             yield self.env.timeout_at(end, self.priority)  # the clock stops first

@@ -53,9 +53,11 @@ class StepLog:
     run_count: array = field(default_factory=_ints)
     decode_step: array = field(default_factory=_ints)
     cache_step: array = field(default_factory=_ints)
-    """Steps whose admissions queried the prefix cache, with the tokens queried and hit."""
+    """Steps whose admissions queried the prefix cache, with the tokens queried and hit (of them,
+    loaded from the host tier)."""
     cache_queried: array = field(default_factory=_ints)
     cache_hit: array = field(default_factory=_ints)
+    cache_host_hit: array = field(default_factory=_ints)
     spec_accepted: array = field(default_factory=_counters)
     """Speculative decoding's verify steps by the draft tokens they accepted (index 0..k; empty
     without speculation)."""
@@ -70,11 +72,13 @@ class StepLog:
         self.counts.frombytes(_pack_counts(num_seqs, prefill_tokens, decode_tokens, padded_tokens, kv_blocks_used,
                                            num_waiting, num_running, num_preempted))
 
-    def cache_queries(self, step: int, queried: int, hit: int) -> None:
-        """Step `step`'s admissions queried `queried` prompt tokens of the prefix cache and hit `hit`."""
+    def cache_queries(self, step: int, queried: int, hit: int, host_hit: int = 0) -> None:
+        """Step `step`'s admissions queried `queried` prompt tokens of the prefix cache and hit `hit`,
+        `host_hit` of them on the host tier."""
         self.cache_step.append(step)
         self.cache_queried.append(queried)
         self.cache_hit.append(hit)
+        self.cache_host_hit.append(host_hit)
 
     def extend(self, starts: np.ndarray, durations: np.ndarray, counts: dict[str, np.ndarray | int]) -> None:
         """Many steps at once, each count an array or one value for all (0 when not given)."""

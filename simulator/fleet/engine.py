@@ -42,6 +42,7 @@ from simpy.events import NORMAL
 from simulator.cost import CostModel
 from simulator.engine.clock import Clock
 from simulator.engine.kv import KVBlocks
+from simulator.engine.offload import HostTier
 from simulator.engine.request import Request
 from simulator.engine.server import Process, Server
 from simulator.engine.speculation import Speculation
@@ -65,6 +66,8 @@ class Pool:
     router: Router
     prefix_caching: bool = False
     """Its servers keep a prefix cache (`simulator.engine.kv`)."""
+    host: HostTier | None = None
+    """Its servers' KV host tier (`--kv-offload-gb`; one server only: `simulator.config`)."""
     speculation: Speculation | None = None
     """Its servers' speculative decoding (`simulator.engine.speculation`), or None: every server
     verifies with the same settings, each request drawing from its own stream wherever it runs."""
@@ -281,6 +284,7 @@ def merge_logs(logs: list[StepLog]) -> tuple[StepLog, np.ndarray]:
         _extend_shifted(merged.cache_step, log.cache_step, step_offset)
         merged.cache_queried.extend(log.cache_queried)
         merged.cache_hit.extend(log.cache_hit)
+        merged.cache_host_hit.extend(log.cache_host_hit)
         _extend_shifted(merged.token_step, log.token_step, step_offset)
         _extend_shifted(merged.decode_step, log.decode_step, step_offset)
         _extend_shifted(merged.run_first, log.run_first, decode_offset)

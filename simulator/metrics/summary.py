@@ -68,6 +68,8 @@ def build_tables(result: RunResult, tokens: bool = True) -> Tables:
         "preemptions": reqs.preemptions,
         "priority": reqs.priority,
         "cached_tokens": reqs.cached_tokens,
+        "cached_tokens_gpu": reqs.cached_tokens - reqs.cached_tokens_host,
+        "cached_tokens_host": reqs.cached_tokens_host,
         "finished": ~np.isnan(finish),
     }).with_columns(pl.col(c).fill_nan(None) for c in ("scheduled", "first_token", "finish", "ttft",
                                                         "tpot", "e2el", "queue"))
@@ -77,16 +79,18 @@ def build_tables(result: RunResult, tokens: bool = True) -> Tables:
 
 
 def prefix_cache_columns(log: StepLog) -> dict[str, np.ndarray]:
-    """Per step, the prompt tokens its admissions queried in the prefix cache and found there; and
-    the hit rate so far (hits / queries up to that step, NaN before the first query), as vLLM's
-    prefix-cache hit rate."""
+    """Per step, the prompt tokens its admissions queried in the prefix cache and found there (of
+    them, loaded from the host tier); and the hit rate so far (hits / queries up to that step, NaN
+    before the first query), as vLLM's prefix-cache hit rate."""
     steps = log.column("cache_step")
     queried = np.bincount(steps, weights=log.column("cache_queried"), minlength=len(log)).astype(np.int64)
     hit = np.bincount(steps, weights=log.column("cache_hit"), minlength=len(log)).astype(np.int64)
+    host_hit = np.bincount(steps, weights=log.column("cache_host_hit"), minlength=len(log)).astype(np.int64)
     total = np.cumsum(queried)
     with np.errstate(invalid="ignore", divide="ignore"):
         rate = np.where(total > 0, np.cumsum(hit) / total, np.nan)
-    return {"prefix_cache_queried_tokens": queried, "prefix_cache_hit_tokens": hit, "prefix_cache_hit_rate": rate}
+    return {"prefix_cache_queried_tokens": queried, "prefix_cache_hit_tokens": hit,
+            "prefix_cache_host_hit_tokens": host_hit, "prefix_cache_hit_rate": rate}
 
 
 def speculative_decoding(log: StepLog) -> dict[str, Any]:
@@ -297,6 +301,18 @@ def summarize(result: RunResult, tables: Tables) -> dict[str, Any]:
     summary["prefix_cache_queried_tokens"] = queried
     summary["prefix_cache_hit_tokens"] = int(tables.steps["prefix_cache_hit_tokens"].sum())
     summary["prefix_cache_hit_rate"] = summary["prefix_cache_hit_tokens"] / queried if queried else math.nan
+    host_hit = int(tables.steps["prefix_cache_host_hit_tokens"].sum())
+    summary["prefix_cache_host_hit_tokens"] = host_hit
+    gpu_hit = summary["prefix_cache_hit_tokens"] - host_hit
+    summary["prefix_cache_hit_rate_gpu"] = gpu_hit / queried if queried else math.nan
+    summary["prefix_cache_hit_rate_host"] = host_hit / queried if queried else math.nan
+    if result.host is not None:
+        host = result.host
+        summary["kv_offload_blocks"] = host.blocks
+        summary["kv_offload_capacity_tokens"] = host.blocks * config.block_size
+        loaded = host_hit // config.block_size
+        summary["kv_offload_loaded_blocks"] = loaded
+        summary["kv_offload_load_time"] = loaded * host.block_bytes / host.bandwidth
     duration = 0.0
     if num_done:
         duration = float(done["finish"].to_numpy().max() - tables.requests["arrival"].to_numpy().min())

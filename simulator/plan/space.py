@@ -51,9 +51,7 @@ class Deployment:
     def gpus(self) -> int:
         s = self.settings
         if self.disaggregated:
-            tp = s["tensor_parallel_size"]
-            return (s["prefill_replicas"] * (s.get("prefill_tensor_parallel_size") or tp)
-                    + s["decode_replicas"] * (s.get("decode_tensor_parallel_size") or tp))
+            return sum(count for _, count in self.pool_gpus())
         return s["num_replicas"] * s["tensor_parallel_size"]
 
     def pool_gpus(self) -> list[tuple[str, int]]:
@@ -61,15 +59,18 @@ class Deployment:
         s = self.settings
         if not self.disaggregated:
             return [(s["gpu"], self.gpus)]
-        tp = s["tensor_parallel_size"]
-        return [(s.get(f"{role}_gpu") or s["gpu"],
-                 s[f"{role}_replicas"] * (s.get(f"{role}_tensor_parallel_size") or tp))
-                for role in ("prefill", "decode")]
+        tp, dp = s["tensor_parallel_size"], s.get("data_parallel_size") or 1
+        return [(s.get(f"{role}_gpu") or s["gpu"], s[f"{role}_replicas"] * (s.get(f"{role}_tensor_parallel_size") or tp)
+                 * (s.get(f"{role}_data_parallel_size") or dp)) for role in ("prefill", "decode")]
 
     @property
     def servers(self) -> int:
         s = self.settings
-        return s["prefill_replicas"] + s["decode_replicas"] if self.disaggregated else s["num_replicas"]
+        if not self.disaggregated:
+            return s["num_replicas"]
+        dp = s.get("data_parallel_size") or 1
+        return sum(s[f"{role}_replicas"] * (s.get(f"{role}_data_parallel_size") or dp)
+                   for role in ("prefill", "decode"))
 
     @property
     def key(self) -> str:

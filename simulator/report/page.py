@@ -152,9 +152,15 @@ def run_header(folder: Path, run: RunFolder, drawn: list[str]) -> str:
         rows.append(["request goodput (req/s)", fmt(summary["request_goodput"], ".3f")])
     if number(summary.get("prefix_cache_queried_tokens")):
         rows.append(["prefix cache hit rate", fmt(summary.get("prefix_cache_hit_rate"), ".2%")])
+        if "kv_offload_blocks" in summary:
+            tiers = [fmt(summary.get(f"prefix_cache_hit_rate_{tier}"), ".2%") for tier in ("gpu", "host")]
+            rows.append(["of it on GPU / host (KV offload)", " / ".join(tiers)])
     rows += [["preemptions", str(summary["preemptions"])],
              ["GPU busy (share of the run)", fmt(summary.get("utilisation"), ".1%")],
              ["KV cache (blocks / tokens)", f"{summary['kv_blocks']} / {summary['kv_capacity_tokens']}"]]
+    if "kv_offload_blocks" in summary:
+        rows.append(["KV host tier (blocks / tokens)",
+                     f"{summary['kv_offload_blocks']} / {summary['kv_offload_capacity_tokens']}"])
     percentiles = sorted({m.group(1) for key in summary if (m := STATS.fullmatch(key)) and m.group(1)[0] == "p"},
                          key=lambda p: float(p[1:]))
     stats = ["mean", "median", "std", *percentiles]

@@ -15,6 +15,7 @@ from typing import TypeVar
 from simulator.cost import CostModel
 from simulator.engine.clock import Clock
 from simulator.engine.kv import KVBlocks
+from simulator.engine.offload import HostTier
 from simulator.engine.request import RequestColumns
 from simulator.engine.server import Server
 from simulator.engine.speculation import Speculation
@@ -53,11 +54,13 @@ def drive(workload: Workload, time_limit: float | None, clients: ClientKind,
 def run_engine(policy: Policy, cost: CostModel, kv_blocks: int, block_size: int, workload: Workload,
                time_limit: float | None, on_step: Callable[[int, float], None] | None = None,
                prefix_caching: bool = False, clients: ClientKind = workload_clients,
-               speculation: Speculation | None = None) -> tuple[RequestColumns, StepLog, float]:
+               speculation: Speculation | None = None, host: HostTier | None = None
+               ) -> tuple[RequestColumns, StepLog, float]:
     """One server, fed by `clients` (by default the ones the workload says), speculating as
-    `speculation` says (`simulator.engine.speculation`) or not at all."""
+    `speculation` says (`simulator.engine.speculation`) or not at all; `host`: its KV cache's host
+    tier."""
     log = StepLog()
-    kv = KVBlocks(kv_blocks, block_size, prefix_caching)
+    kv = KVBlocks(kv_blocks, block_size, prefix_caching, host)
 
     def server(env: Clock, senders: Clients) -> Server:
         return Server(env, policy, cost, kv, log, time_limit, on_finish=senders.on_finish, on_step=on_step,

@@ -15,7 +15,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from simulator.config import RunConfig, disaggregated
+from simulator.config import RunConfig, disaggregated, pool_parallelism
 from simulator.errors import InputError
 from simulator.ranges import MAX_SEQUENCES, MAX_TOKENS, Range
 from simulator.run.simulate import DEFAULT_NUM_REQUESTS
@@ -65,8 +65,8 @@ def estimate_run(config: RunConfig, *, token_rows: bool) -> Estimate:
     """The least a run of `config` builds; `token_rows` when its tokens table is held in memory
     (a vLLM result file or a sweep's tables), not streamed. A trace's requests count only as far as
     --num-requests says: its reader holds the rest to its own account."""
-    pools = (config.prefill_replicas or 0) + (config.decode_replicas or 0)
-    servers = pools if disaggregated(config) else config.num_replicas
+    servers = (sum(getattr(config, f"{role}_replicas") * pool_parallelism(config, role)[0]
+                   for role in ("prefill", "decode")) if disaggregated(config) else config.num_replicas)
     if config.trace is not None:
         requests, output_len = config.num_requests or 0, 1
     else:

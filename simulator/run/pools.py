@@ -1,14 +1,17 @@
 """A run's pools built from a `RunConfig`: one server, colocated replicas, or prefill and decode
-pools each of its own tensor-parallel size and GPU type (`--prefill-gpu`, `--decode-gpu`, as
-aiconfigurator's `--decode-system`), sized, priced and checked as a single server of that size on
-that GPU would be; and a fleet's run. The KV link between the pools is the run's `--gpu`'s."""
+pools each of its own tensor-parallel size, data-parallel attention ranks and expert parallelism
+(a worker of N ranks is N servers, as `--data-parallel-size N` replicas are) and GPU type
+(`--prefill-gpu`, `--decode-gpu`, as aiconfigurator's `--decode-system`), sized, priced and checked
+as a single server of that size on that GPU would be; and a fleet's run. The KV link between the
+pools is the run's `--gpu`'s."""
 
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any
 
 from policies import build_policy
-from simulator.config import RunConfig, disaggregated, spec_acceptance
+from simulator.config import POOL_SETTINGS, RunConfig, disaggregated, pool_parallelism, spec_acceptance
 from simulator.cost import CostModel, build_cost_model
 from simulator.deploy.hardware import GpuSpec, load_gpu
 from simulator.deploy.model import ModelSpec
@@ -20,22 +23,36 @@ from simulator.fleet.transfer import KVLink, kv_link
 from simulator.run.clients import ClientKind, workload_clients
 from simulator.run.driver import FleetEngine, run_fleet, run_progress
 from simulator.run.result import RunResult, run_result
-from simulator.run.sizing import check_fits, gpu_shard, keeps_prefix_cache, kv_cache_blocks
+from simulator.run.sizing import check_fits, gpu_shard, host_tier, keeps_prefix_cache, kv_cache_blocks
 from workloads import Workload
 
 
 def pool_configs(config: RunConfig) -> list[tuple[str, int, RunConfig]]:
-    """(role, servers, the config one server of the pool runs) for each pool, the entry pool first."""
-    tp = config.tensor_parallel_size
+    """(role, servers, the config one server of the pool runs) for each pool, the entry pool first.
+    A pool's worker of data-parallel attention N (`--prefill-data-parallel-size`) is N servers, as an
+    aggregated deployment's `--data-parallel-size N` is N replicas (`simulator.deploy.spec`
+    `check_data_parallel`): its server runs the worker as that aggregated deployment would."""
     if not disaggregated(config):
         return [("replica", config.num_replicas, config)]
     assert config.prefill_replicas is not None and config.decode_replicas is not None
-    prefill_tp = config.prefill_tensor_parallel_size or tp
-    decode_tp = config.decode_tensor_parallel_size or tp
-    return [("prefill", config.prefill_replicas, replace(config, tensor_parallel_size=prefill_tp,
-                                                         gpu=config.prefill_gpu or config.gpu)),
-            ("decode", config.decode_replicas, replace(config, tensor_parallel_size=decode_tp,
-                                                       gpu=config.decode_gpu or config.gpu))]
+    pools = []
+    for role, workers in (("prefill", config.prefill_replicas), ("decode", config.decode_replicas)):
+        dp, ep = pool_parallelism(config, role)
+        pools.append((role, workers * dp, worker_config(
+            config, getattr(config, f"{role}_tensor_parallel_size") or config.tensor_parallel_size,
+            getattr(config, f"{role}_gpu") or config.gpu, dp, ep)))
+    return pools
+
+
+def worker_config(config: RunConfig, tensor_parallel_size: int, gpu: str, data_parallel_size: int,
+                  expert_parallel: bool) -> RunConfig:
+    """`config` as one worker of a pool (`tensor_parallel_size` GPUs on `gpu`, times
+    `data_parallel_size` ranks) would run alone: an aggregated deployment of that worker, its ranks
+    its replicas."""
+    pools_cleared: dict[str, Any] = dict.fromkeys(("prefill_replicas", "decode_replicas", *POOL_SETTINGS))
+    return replace(config, tensor_parallel_size=tensor_parallel_size, gpu=gpu, data_parallel_size=data_parallel_size,
+                   enable_expert_parallel=expert_parallel, num_replicas=data_parallel_size,
+                   router=config.router if data_parallel_size > 1 else "round-robin", **pools_cleared)
 
 
 def build_speculation(config: RunConfig) -> Speculation | None:
@@ -65,9 +82,13 @@ def build_pools(config: RunConfig, model: ModelSpec, gpu: GpuSpec, workload: Wor
         policies = [build_policy(pool_config) for _ in range(count)]
         # A decode server receives prompts computed elsewhere: it has no prefill to skip.
         caching = keeps_prefix_cache(config, workload, policies[0]) and role != "decode"
+        if config.kv_offload_gb and not caching:
+            raise InputError(f"--kv-offload-gb {config.kv_offload_gb:g} needs a workload whose prompts share "
+                             "tokens (--prefix-len, --num-turns, a Mooncake trace's hash_ids): this one has "
+                             "nothing for the prefix cache to evict")
         pools.append(Pool(role, policies, cost or build_cost_model(pool_config, model, pool_gpu), kv_blocks,
                           config.block_size, build_router(config.router, count, workload.num_requests, config.seed,
-                                                          index), caching,
+                                                          index), caching, host_tier(pool_config, model, pool_gpu),
                           build_speculation(pool_config) if role != "prefill" else None))
     link = None
     if disaggregated(config):

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from simulator.config import RunConfig
 from simulator.deploy.hardware import GpuSpec
 from simulator.deploy.model import ModelSpec
+from simulator.engine.offload import HostTier
 from simulator.engine.request import RequestColumns
 from simulator.engine.steplog import StepLog
 from simulator.fleet.engine import FleetResult, Pool
@@ -32,6 +33,8 @@ class RunResult:
     """What the cost model's tables stood in for, noted at load."""
     fleet: FleetResult | None = None
     """Servers, routing and transfers of a run of more than one server (`simulator.fleet.engine`)."""
+    host: HostTier | None = None
+    """The KV cache's host tier (`--kv-offload-gb`), where the run kept one."""
 
 
 def run_result(config: RunConfig, model: ModelSpec, gpu: GpuSpec, pools: list[Pool], workload: Workload,
@@ -43,5 +46,6 @@ def run_result(config: RunConfig, model: ModelSpec, gpu: GpuSpec, pools: list[Po
     for pool in pools:
         extrapolated.update(pool.cost.extrapolated)
         notes += [note for note in pool.cost.notes if note not in notes]
+    host = pools[-1].host if pools[-1].prefix_caching else None
     return RunResult(config, model, gpu, pools[-1].kv_blocks, requests, log, workload.num_requests, end_time,
-                     dict(extrapolated), tuple(notes), fleet)
+                     dict(extrapolated), tuple(notes), fleet, host)

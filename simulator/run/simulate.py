@@ -77,11 +77,14 @@ def simulate(config: RunConfig, workload: Workload | None = None, cost: CostMode
         return simulate_fleet(config, model, gpu, workload, progress, cost=cost, clients=clients)
     [pool], _ = build_pools(config, model, gpu, workload, cost)  # one pool of one server
     policy, limit, caching, speculation = pool.policies[0], config.time_limit, pool.prefix_caching, pool.speculation
+    host = pool.host if caching else None
     if engine is not None:
+        extra = ({"speculation": speculation} if speculation is not None else {}) | (
+            {"host": host} if host is not None else {})
         requests, log, end_time = engine(policy, pool.cost, pool.kv_blocks, pool.block_size, workload, limit,
-                                         prefix_caching=caching, speculation=speculation)
+                                         prefix_caching=caching, **extra)
     else:
         with run_progress(workload.num_requests, progress) as on_step:
             requests, log, end_time = run_engine(policy, pool.cost, pool.kv_blocks, pool.block_size, workload, limit,
-                                                 on_step, caching, clients, speculation)
+                                                 on_step, caching, clients, speculation, host)
     return run_result(config, model, gpu, [pool], workload, requests, log, end_time)

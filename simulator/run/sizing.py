@@ -11,8 +11,10 @@ from simulator.deploy.hardware import GpuSpec
 from simulator.deploy.memory import activation_reserve_bytes, check_weights_fit, kv_capacity_blocks
 from simulator.deploy.model import ModelSpec, draft_model, draft_weight_bytes
 from simulator.deploy.spec import check_data_parallel
+from simulator.engine.offload import HostTier
 from simulator.engine.step import Policy
 from simulator.errors import InputError
+from simulator.fleet.transfer import BYTES_PER_GB
 from workloads import Workload
 
 
@@ -56,6 +58,28 @@ def kv_cache_blocks(config: RunConfig, model: ModelSpec, gpu: GpuSpec, longest_p
         memory_bytes=gpu.memory_bytes, gpu_memory_utilization=config.gpu_memory_utilization,
         weight_bytes=weight_bytes, activation_bytes=step_activation_bytes(config, model, longest_prompt),
         kv_bytes_per_token=kv_bytes_per_token, block_size=config.block_size)
+
+
+def host_tier(config: RunConfig, model: ModelSpec, gpu: GpuSpec) -> HostTier | None:
+    """The KV cache's host tier under `--kv-offload-gb` (None without): as many blocks as that much
+    host memory holds, each block all of its GPUs' shards (every GPU of the server offloads its own
+    share of a block); each GPU loads its shard over its own host link (`--kv-offload-bandwidth`,
+    else the GPU profile's `host_link_bw`)."""
+    if not config.kv_offload_gb:
+        return None
+    shard = gpu_shard(config, model)
+    block_bytes = shard.kv_bytes_per_token * config.block_size
+    blocks = int(config.kv_offload_gb * BYTES_PER_GB // (block_bytes * config.tensor_parallel_size))
+    if blocks < 1:
+        raise InputError(f"--kv-offload-gb {config.kv_offload_gb:g} holds no KV block of {model.name} "
+                         f"({block_bytes * config.tensor_parallel_size / BYTES_PER_GB:.4g} GB each)")
+    if config.kv_offload_bandwidth is not None:
+        bandwidth = config.kv_offload_bandwidth * BYTES_PER_GB
+    elif gpu.host_link_bw is not None:
+        bandwidth = gpu.host_link_bw
+    else:
+        raise InputError(f"GPU profile {gpu.name!r} has no host_link_bw: give --kv-offload-bandwidth")
+    return HostTier(blocks, block_bytes, bandwidth)
 
 
 def check_fits(workload: Workload, config: RunConfig, model: ModelSpec, kv_blocks: int) -> None:

@@ -98,12 +98,16 @@ def deployment_settings(point: MeasuredPoint) -> dict[str, Any]:
     `RunConfig` models them, expert parallelism (`moe_ep_size` > 1) and attention data parallelism:
     `attention_dp_size` N is N servers behind the router (`num_replicas`), each rank its own
     scheduler and `batch_size` of the client's N x `batch_size` requests; with expert parallelism
-    their MoE layers one expert-parallel group (`data_parallel_size` N)."""
+    their MoE layers one expert-parallel group (`data_parallel_size` N). A pool's worker is the
+    same, its ranks servers of the pool (`prefill_data_parallel_size`, ...)."""
     settings: dict[str, Any] = {}
     if point.mode == "disagg" and point.prefill is not None and point.decode is not None:
-        settings |= {"prefill_replicas": point.prefill.workers, "decode_replicas": point.decode.workers,
-                     "prefill_tensor_parallel_size": point.prefill.tensor_parallel_size,
-                     "decode_tensor_parallel_size": point.decode.tensor_parallel_size}
+        for role, pool in (("prefill", point.prefill), ("decode", point.decode)):
+            settings |= {f"{role}_replicas": pool.workers, f"{role}_tensor_parallel_size": pool.tensor_parallel_size}
+            if pool.attention_dp_size > 1 or pool.moe_ep_size > 1:  # each worker's ranks, as an agg row's below
+                settings |= {f"{role}_data_parallel_size": pool.attention_dp_size,
+                             f"{role}_enable_expert_parallel": pool.moe_ep_size > 1}
+        return settings
     if point.attention_dp_size > 1:  # a dense model's data parallelism is replicas, nothing shared
         settings["num_replicas"] = point.attention_dp_size
     if expert_parallel_modelled() and point.moe_ep_size > 1:

@@ -177,15 +177,9 @@ def silicon_point(row: dict[str, str], where: str, resolver: ModelResolver, layo
             raise InputError(f"{where}: a concurrency of {concurrency} is past {MAX_CONCURRENCY}")
     pools = [(pp, adp, moe_tp, moe_ep, tp)] + [(p.pp_size, p.attention_dp_size, p.moe_tp_size, p.moe_ep_size,
                                                 p.tensor_parallel_size) for p in (prefill, decode) if p is not None]
-    if model.moe and adp > 1 and moe_ep == 1:
-        raise Unmappable("attention data parallelism without expert parallelism on a MoE model")
-    if prefill is not None and decode is not None:
-        if max(prefill.attention_dp_size, decode.attention_dp_size) > 1:
-            raise Unmappable("attention data parallelism in a prefill or decode pool (servesim's pools are "
-                             "tensor-parallel servers)")
-        if (prefill.moe_ep_size > 1) != (decode.moe_ep_size > 1):
-            raise Unmappable("expert parallelism in one of the prefill and decode pools only")
     for pool_pp, pool_adp, pool_moe_tp, pool_moe_ep, pool_tp in pools:
+        if model.moe and pool_adp > 1 and pool_moe_ep == 1:
+            raise Unmappable("attention data parallelism without expert parallelism on a MoE model")
         if pool_pp > 1:
             raise Unmappable("pipeline parallelism (pp_size > 1)")
         if (pool_adp > 1 or pool_moe_ep > 1) and not expert_parallel_modelled():

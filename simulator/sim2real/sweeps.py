@@ -32,6 +32,7 @@ class Unit:
 
 def server_key(point: MeasuredPoint) -> tuple[object, ...]:
     return (point.backend, point.backend_version, point.model, point.gpu, point.tensor_parallel_size,
+            point.attention_dp_size, point.moe_ep_size, point.mode, point.prefill, point.decode,
             point.quantization, point.input_lens, point.output_lens)
 
 

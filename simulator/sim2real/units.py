@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from simulator.errors import InputError
@@ -56,8 +56,11 @@ def units_of(points: list[MeasuredPoint]) -> list[Unit]:
 
 
 def point_scheduler(point: MeasuredPoint, scheduler: Scheduler, rule: Hypothesis | None) -> Scheduler:
-    """The scheduler `point` reruns on: `rule`'s for its own server where given, else `scheduler`."""
-    return scheduler if rule is None else rule.scheduler_for(Sweep((point,)))
+    """The scheduler `point` reruns on: `rule`'s for its own server where given (with `scheduler`'s
+    speculation), else `scheduler`."""
+    if rule is None:
+        return scheduler
+    return replace(rule.scheduler_for(Sweep((point,))), speculation=scheduler.speculation)
 
 
 def run_unit(index: int, unit: Unit, profiles: dict[str, str], seed: int, scheduler: Scheduler,
