@@ -133,3 +133,40 @@ RANGES: dict[str, Range] = {
     "num_speculative_tokens": Range(int, 0, MAX_DRAFT_TOKENS, "tokens"),
 }
 """Every number-valued setting's range, checked for the command line, sweep files and `RunConfig` (None is not)."""
+
+
+# Settings given as text: lists and SLOs.
+def spec_acceptance(text: str, num_tokens: int) -> tuple[float, ...]:
+    """`--spec-acceptance`: one probability for all `num_tokens` positions, or one per position."""
+    try:
+        values = tuple(float(p) for p in text.split(","))
+    except ValueError:
+        raise InputError(f"--spec-acceptance takes probabilities separated by commas, got {quote(text)}") from None
+    if len(values) == 1:
+        values *= num_tokens
+    if len(values) != num_tokens:
+        raise InputError(f"--spec-acceptance gives {len(values)} probabilities for --num-speculative-tokens "
+                         f"{num_tokens} (give one, or one per position)")
+    for value in values:
+        if not 0 <= value <= 1:
+            raise InputError(f"--spec-acceptance {value:g} is not a probability in [0, 1]")
+    return values
+
+
+def parse_percentiles(text: str) -> tuple[float, ...]:
+    try:
+        return tuple(float(p) for p in text.split(",") if p.strip())
+    except ValueError:
+        raise InputError(f"--percentiles takes numbers separated by commas, got {quote(text)}") from None
+
+
+def parse_goodput(specs: tuple[str, ...]) -> tuple[tuple[str, float], ...]:
+    """`ttft:500 tpot:50` (milliseconds, as `vllm bench serve --goodput`) to seconds."""
+    slos = []
+    for spec in " ".join(specs).replace(",", " ").split():
+        metric, _, value = spec.partition(":")
+        try:
+            slos.append((metric, float(value) / 1e3))
+        except ValueError:
+            raise InputError(f"--goodput takes METRIC:MILLISECONDS, got {quote(spec)}") from None
+    return tuple(slos)

@@ -22,7 +22,7 @@ from simulator.cli.options import (
     setting,
     speculative_options,
 )
-from simulator.config import DEFAULTS, GOODPUT_METRICS, RunConfig, flag, parse_goodput, parse_percentiles, quote
+from simulator.config import DEFAULTS, GOODPUT_METRICS, RunConfig, flag, quote
 from simulator.cost import COST_MODELS
 from simulator.deploy.backends import BACKENDS, stack_settings
 from simulator.deploy.hardware import available_gpus
@@ -32,6 +32,7 @@ from simulator.fleet.routers import ROUTERS
 from simulator.metrics.fleet import format_servers
 from simulator.metrics.summary import LATENCIES, load_verdict
 from simulator.outputs.vllm_result import result_path, vllm_result, write_result
+from simulator.ranges import parse_goodput, parse_percentiles
 from simulator.run.estimate import check_run_size
 from simulator.run.simulate import DEFAULT_NUM_REQUESTS
 from workloads.lengths import SPECS as LENGTH_SPECS

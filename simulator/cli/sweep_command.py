@@ -11,8 +11,7 @@ from typing import Any
 import click
 
 from simulator.cli.options import Choice, SettingType, aligned
-from simulator.config import parse_percentiles
-from simulator.ranges import Range
+from simulator.ranges import Range, parse_percentiles
 from simulator.sweep.executors import setting_column
 from simulator.sweep.grid import AXIS_NAMES, SETTING_TYPES, SweepSpec, flag, parse_value, read_spec_file, run_sweep
 

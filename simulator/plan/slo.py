@@ -13,9 +13,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from simulator.config import GOODPUT_METRICS, parse_goodput
+from simulator.config import GOODPUT_METRICS
 from simulator.errors import InputError
-from simulator.ranges import MAX_SECONDS, quote
+from simulator.ranges import MAX_SECONDS, parse_goodput, quote
 
 METRICS = ("ttft", "tpot", "itl", "e2el")
 OPERATORS = ("<=", "<")

@@ -11,7 +11,7 @@ from dataclasses import replace
 from typing import Any
 
 from policies import build_policy
-from simulator.config import POOL_SETTINGS, RunConfig, disaggregated, pool_parallelism, spec_acceptance
+from simulator.config import POOL_SETTINGS, RunConfig, disaggregated, pool_parallelism
 from simulator.cost import CostModel, build_cost_model
 from simulator.deploy.hardware import GpuSpec, load_gpu
 from simulator.deploy.model import ModelSpec
@@ -20,6 +20,7 @@ from simulator.errors import InputError
 from simulator.fleet.engine import Pool
 from simulator.fleet.routers import build_router
 from simulator.fleet.transfer import KVLink, kv_link
+from simulator.ranges import spec_acceptance
 from simulator.run.clients import ClientKind, workload_clients
 from simulator.run.driver import FleetEngine, run_fleet, run_progress
 from simulator.run.result import RunResult, run_result

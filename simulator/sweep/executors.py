@@ -34,7 +34,8 @@ def setting_column(name: str) -> str:
 
 def config_from_settings(settings: dict[str, Any]) -> Any:
     """A `RunConfig` from a sweep's settings dict, whose percentiles and SLOs are strings."""
-    from simulator.config import RunConfig, parse_goodput, parse_percentiles
+    from simulator.config import RunConfig
+    from simulator.ranges import parse_goodput, parse_percentiles
 
     return RunConfig(**settings | {"percentiles": parse_percentiles(settings["percentiles"]),
                                    "goodput": parse_goodput((settings["goodput"],))})

@@ -25,9 +25,9 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from simulator.config import RunConfig, parse_goodput, parse_percentiles
+from simulator.config import RunConfig
 from simulator.errors import InputError
-from simulator.ranges import RANGES, quote
+from simulator.ranges import RANGES, parse_goodput, parse_percentiles, quote
 from simulator.sweep.executors import Rows, WorkerDied, config_from_settings, run_local, run_ray, setting_column
 
 if TYPE_CHECKING:
