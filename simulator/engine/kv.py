@@ -106,6 +106,9 @@ class KVBlocks:
         self.read_hits: list[tuple[Span, int]] = []
         """Free spans holding part of a hit `look_up` found, with where that part stops, since the
         server last cleared it (before each policy call): what a decode stretch must not evict."""
+        self.host_reads: list[Request] = []
+        """Requests `look_up` found a hit with a host part for, in order, since the server last
+        cleared it: the loads to start (`start_load`)."""
 
     @property
     def num_used(self) -> int:
@@ -251,6 +254,9 @@ class KVBlocks:
         """A waiting request's hit as of now, without taking it (see the module docstring)."""
         if request.content is None:
             return
+        if request.host_loaded:  # it holds its hit, loaded from the host tier
+            request.computed = request.blocks * self.block_size
+            return
         keys = self._keys(request)
         limit = self._hit_limit(request, keys)
         hits = in_use = 0
@@ -264,6 +270,7 @@ class KVBlocks:
             on_host = self.offload.run_end(keys, hits, limit)
             if on_host > hits:
                 self.read_hits.append((HOST_READ, on_host))
+                self.host_reads.append(request)
                 hits = on_host
         request.computed = hits * self.block_size
         request.hit_blocks = hits
@@ -323,15 +330,29 @@ class KVBlocks:
         return min(room, cap)
 
     def take_hit(self, request: Request) -> None:
-        """At admission: hold the hit blocks `look_up` found that are still cached, and count the
-        query."""
+        """At admission: hold the hit blocks `look_up` found that are still cached (a request
+        whose hit was loaded from the host tier holds its blocks already), and count the query."""
         if request.content is None:
             return
-        keys = self._keys(request)
+        loaded = request.host_loaded
+        if not loaded:
+            assert not request.held_runs
+            hits = self._hold_hit(request, self._keys(request), request.hit_blocks)
+            request.blocks = hits
+            request.computed = hits * self.block_size
+        request.hit_blocks = request.hit_in_use = request.host_loaded = 0
+        self.queried_tokens += request.prompt_tokens + request.emitted
+        self.hit_tokens += request.computed
+        self.host_hit_tokens += loaded * self.block_size
+        if request.scheduled != request.scheduled:  # NaN: its first admission
+            request.cached_tokens = request.computed
+            request.cached_tokens_host = loaded * self.block_size
+
+    def _hold_hit(self, request: Request, keys: list[int], end: int) -> int:
+        """The request holds its longest prefix of cached blocks among `keys[:end]`; returns its length."""
         starts = self._starts
         hits = 0
-        assert not request.held_runs
-        for span, first, stop in self._pieces(keys, 0, request.hit_blocks, whole=False):
+        for span, first, stop in self._pieces(keys, 0, end, whole=False):
             # The hit is a prefix of the span: that part is held by one more request, as a new
             # span; the rest stays where it was (in the queue if free: there, emptied, it is dropped
             # when the head reaches it).
@@ -345,20 +366,34 @@ class KVBlocks:
             hits = stop
         if hits:
             _hold(request, hits, cached=True)
-        loaded = 0
-        if self.offload is not None and hits < request.hit_blocks:
-            loaded = min(self.offload.run_end(keys, hits, request.hit_blocks) - hits, self.num_free)
-            self.offload.load(keys[hits:hits + loaded])
-            self.take(loaded)  # the GPU blocks they are loaded into
-        request.blocks = hits + loaded
-        request.computed = (hits + loaded) * self.block_size
+        return hits
+
+    def start_load(self, request: Request) -> int:
+        """Start loading a waiting request's hit from the host tier, if it still has a host part
+        (1) and it fits (else -1; 0 without a host part): it holds its GPU part and takes a block
+        for each host block (the `simulator.engine.offload` docstring). Its blocks are registered
+        when the load ends."""
+        assert self.offload is not None and not request.held_runs
+        keys = self._keys(request)
+        limit = self._hit_limit(request, keys)
+        hits = in_use = 0
+        for span, first, stop in self._pieces(keys, 0, limit, whole=False):
+            hits = stop
+            if span.refs:
+                in_use += stop - first
+        on_host = self.offload.run_end(keys, hits, limit)
+        if on_host == hits:
+            return 0
+        if on_host - in_use > self.num_free:
+            return -1
+        self._hold_hit(request, keys, hits)
+        self.offload.load(keys[hits:on_host])
+        self.take(on_host - hits)  # the GPU blocks they are loaded into
+        request.blocks = on_host
+        request.computed = on_host * self.block_size
+        request.host_loaded = on_host - hits
         request.hit_blocks = request.hit_in_use = 0
-        self.queried_tokens += request.prompt_tokens + request.emitted
-        self.hit_tokens += request.computed
-        self.host_hit_tokens += loaded * self.block_size
-        if request.scheduled != request.scheduled:  # NaN: its first admission
-            request.cached_tokens = request.computed
-            request.cached_tokens_host = loaded * self.block_size
+        return 1
 
     def _hit_limit(self, request: Request, keys: list[int]) -> int:
         """The most blocks a hit may hold: full blocks only, the last token left to compute."""

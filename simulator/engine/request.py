@@ -52,6 +52,9 @@ class Request:
     held_runs: list[tuple[int, bool]] | None = None
     hit_blocks: int = 0
     hit_in_use: int = 0
+    host_loaded: int = 0
+    """Blocks of its hit loaded from the KV cache's host tier while it waited, until its admission
+    counts them (`KVBlocks.start_load`)."""
     # The engine's bookkeeping while the request is one of the decoders.
     decode_key: int = 0
     decode_epoch: int = 0
