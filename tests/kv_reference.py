@@ -136,9 +136,6 @@ class ReferenceKVBlocks(KVBlocks):
         """A waiting request's hit as of now, without taking it (see the module docstring)."""
         if request.content is None:
             return
-        if request.host_loaded:
-            request.computed = request.blocks * self.block_size
-            return
         keys = self._keys(request)
         limit = min(len(keys), (request.prompt_tokens + request.emitted - 1) // self.block_size)
         refs = self._refs
@@ -166,12 +163,12 @@ class ReferenceKVBlocks(KVBlocks):
         loaded from the host holds its own already), and count the query."""
         if request.content is None:
             return
-        loaded = request.host_loaded
-        if not loaded:
-            held = self._hold_cached(request, request.hit_blocks)
-            request.blocks = held
-            request.computed = held * self.block_size
-        request.hit_blocks = request.hit_in_use = request.host_loaded = 0
+        held = self._hold_cached(request, request.hit_blocks)
+        request.blocks = held
+        request.computed = held * self.block_size
+        first_loaded = request.host_end - request.host_loaded
+        loaded = sum(1 for i in range(held) if first_loaded <= i < request.host_end)
+        request.hit_blocks = request.hit_in_use = request.host_loaded = request.host_end = 0
         self.queried_tokens += request.prompt_tokens + request.emitted
         self.hit_tokens += request.computed
         self.host_hit_tokens += loaded * self.block_size
@@ -217,6 +214,7 @@ class ReferenceKVBlocks(KVBlocks):
         request.blocks = host
         request.computed = host * self.block_size
         request.host_loaded = host - gpu
+        request.host_end = host
         request.hit_blocks = request.hit_in_use = 0
         return 1
 

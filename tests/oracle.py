@@ -15,8 +15,9 @@ register their full blocks.
 With a host tier, requests whose hit has a host part are hidden from the policy; after the step's
 blocks are taken, those the policy came to start loading in that order until one does not fit
 (`KVBlocks.start_load`), leaving the queue; a list of (end, request) is the link, each load starting
-when the one before ended. Before each step, loads ended by then register their blocks and rejoin
-the queue at its front; an idle server sleeps until the next load's end at the latest.
+when the one before ended. Before each step, the requests whose loads ended by then release their
+blocks (cached) and rejoin the queue at its front; an idle server sleeps until the next load's end
+at the latest.
 
 With speculative decoding every decoding row grows its KV for k + 1 tokens and is priced as a
 single-token row verifying k draft tokens; at the step's end it draws its verify step's uniform
@@ -159,7 +160,7 @@ class OracleServer:
             ended = [request for end, request in self.loads if end <= self.env.now]
             self.loads = [(end, request) for end, request in self.loads if end > self.env.now]
             for request in ended:
-                kv.register(request, request.computed)
+                kv.release(request)
             for request in reversed(ended):
                 self.waiting.push(request, front=True)
             if kv.caching:
@@ -226,7 +227,7 @@ class OracleServer:
         """The hidden requests the policy came to load from the host tier in that order, until one
         does not fit, one after another on the link: blocks x block bytes / bandwidth each."""
         for request in self.waiting.passed:
-            if request.host_loaded:
+            if request.blocks:
                 continue
             started = self.kv.start_load(request)
             if started < 0:

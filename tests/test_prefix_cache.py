@@ -150,13 +150,15 @@ def test_spans_keep_the_block_rules_call_by_call(data: st.DataObject) -> None:
         pair = data.draw(st.sampled_from(twins))
         if pair[0].admitted < 0:
             if host is not None and data.draw(st.booleans(), label="loads first"):
-                # Its host part loaded (if it has one and it fits), registered at the load's end.
+                # Its host part loaded (if it has one and it fits), released cached at the load's
+                # end, then looked up again.
                 started = [kv.start_load(request) for kv, request in zip(kvs, pair, strict=True)]
                 assert started[0] == started[1]
                 if started[0] > 0:
                     loads += 1
                     for kv, request in zip(kvs, pair, strict=True):
-                        kv.register(request, request.computed)
+                        kv.release(request)
+                        kv.look_up(request)
             for kv, request in zip(kvs, pair, strict=True):
                 kv.take_hit(request)
                 request.admitted = 0

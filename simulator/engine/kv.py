@@ -44,8 +44,7 @@ With it (vLLM V1's automatic prefix caching, `KVBlocks(caching=True)`):
   admissions).
 - Statistics as vLLM's: tokens queried (prompt + emitted at each admission) and hit.
 
-With a host tier (`--kv-offload-gb`, `HostTier`), blocks the cache evicts go to host memory, and a
-hit continues there after its GPU part: `simulator.engine.offload` says how.
+A host tier (`--kv-offload-gb`): evicted blocks go to host memory (`simulator.engine.offload`).
 """
 
 from __future__ import annotations
@@ -58,6 +57,7 @@ from typing import Any, Final
 
 from mypy_extensions import mypyc_attr
 
+from simulator.engine.blocks import block_keys, hold_run
 from simulator.engine.offload import HostBlocks, HostTier
 from simulator.engine.request import Request
 
@@ -107,8 +107,7 @@ class KVBlocks:
         """Free spans holding part of a hit `look_up` found, with where that part stops, since the
         server last cleared it (before each policy call): what a decode stretch must not evict."""
         self.host_reads: list[Request] = []
-        """Requests `look_up` found a hit with a host part for, in order, since the server last
-        cleared it: the loads to start (`start_load`)."""
+        """Requests `look_up` found a hit with a host part for, in order: loads to start (`start_load`)."""
 
     @property
     def num_used(self) -> int:
@@ -220,7 +219,7 @@ class KVBlocks:
             if span is None:
                 self._starts[keys[first]] = Span(keys, first, stop, 1)
                 self._num_cached += stop - first
-            _hold(request, stop, cached=span is None)
+            hold_run(request, stop, cached=span is None)
             held = stop
 
     def _pieces(self, keys: list[int], i: int, end: int, whole: bool) -> list[tuple[Any, int, int]]:
@@ -254,18 +253,9 @@ class KVBlocks:
         """A waiting request's hit as of now, without taking it (see the module docstring)."""
         if request.content is None:
             return
-        if request.host_loaded:  # it holds its hit, loaded from the host tier
-            request.computed = request.blocks * self.block_size
-            return
         keys = self._keys(request)
         limit = self._hit_limit(request, keys)
-        hits = in_use = 0
-        for span, first, stop in self._pieces(keys, 0, limit, whole=False):
-            hits = stop
-            if span.refs:
-                in_use += stop - first
-            else:
-                self.read_hits.append((span, stop))
+        hits, in_use = self._gpu_hit(keys, limit, self.read_hits)
         if self.offload is not None and hits < limit:
             on_host = self.offload.run_end(keys, hits, limit)
             if on_host > hits:
@@ -275,6 +265,18 @@ class KVBlocks:
         request.computed = hits * self.block_size
         request.hit_blocks = hits
         request.hit_in_use = in_use
+
+    def _gpu_hit(self, keys: list[int], limit: int, read: list[tuple[Span, int]] | None) -> tuple[int, int]:
+        """The longest prefix of GPU-cached blocks among `keys[:limit]`, and how many other requests
+        hold; the free spans holding part of it are added to `read` (with where that part stops)."""
+        hits = in_use = 0
+        for span, first, stop in self._pieces(keys, 0, limit, whole=False):
+            hits = stop
+            if span.refs:
+                in_use += stop - first
+            elif read is not None:
+                read.append((span, stop))
+        return hits, in_use
 
     def cached_tokens(self, request: Request, popped: int = 0) -> int:
         """Prompt tokens of `request` cached here once `popped` more blocks are taken (a decode
@@ -330,17 +332,15 @@ class KVBlocks:
         return min(room, cap)
 
     def take_hit(self, request: Request) -> None:
-        """At admission: hold the hit blocks `look_up` found that are still cached (a request
-        whose hit was loaded from the host tier holds its blocks already), and count the query."""
+        """At admission: hold the hit blocks `look_up` found that are still cached, and count the
+        query (those its last load brought from the host tier as host hits)."""
         if request.content is None:
             return
-        loaded = request.host_loaded
-        if not loaded:
-            assert not request.held_runs
-            hits = self._hold_hit(request, self._keys(request), request.hit_blocks)
-            request.blocks = hits
-            request.computed = hits * self.block_size
-        request.hit_blocks = request.hit_in_use = request.host_loaded = 0
+        assert not request.held_runs
+        hits = request.blocks = self._hold_hit(request, self._keys(request), request.hit_blocks)
+        request.computed = hits * self.block_size
+        loaded = max(0, min(hits, request.host_end) - (request.host_end - request.host_loaded))
+        request.hit_blocks = request.hit_in_use = request.host_loaded = request.host_end = 0
         self.queried_tokens += request.prompt_tokens + request.emitted
         self.hit_tokens += request.computed
         self.host_hit_tokens += loaded * self.block_size
@@ -350,12 +350,11 @@ class KVBlocks:
 
     def _hold_hit(self, request: Request, keys: list[int], end: int) -> int:
         """The request holds its longest prefix of cached blocks among `keys[:end]`; returns its length."""
-        starts = self._starts
-        hits = 0
+        starts, hits = self._starts, 0
         for span, first, stop in self._pieces(keys, 0, end, whole=False):
-            # The hit is a prefix of the span: that part is held by one more request, as a new
-            # span; the rest stays where it was (in the queue if free: there, emptied, it is dropped
-            # when the head reaches it).
+            # The hit is a prefix of the span: that part is held by one more request, as a new span;
+            # the rest stays where it was (in the queue if free: dropped, emptied, when the head
+            # reaches it).
             held = Span(keys, first, stop, span.refs + 1)
             span.first = stop
             if stop < span.end:
@@ -365,22 +364,16 @@ class KVBlocks:
             starts[keys[first]] = held
             hits = stop
         if hits:
-            _hold(request, hits, cached=True)
+            hold_run(request, hits, cached=True)
         return hits
 
     def start_load(self, request: Request) -> int:
-        """Start loading a waiting request's hit from the host tier, if it still has a host part
-        (1) and it fits (else -1; 0 without a host part): it holds its GPU part and takes a block
-        for each host block (the `simulator.engine.offload` docstring). Its blocks are registered
-        when the load ends."""
+        """Start loading a waiting request's host part (1), if it has one (else 0) and it fits (else
+        -1): the `simulator.engine.offload` docstring. When the load ends it releases its blocks."""
         assert self.offload is not None and not request.held_runs
         keys = self._keys(request)
         limit = self._hit_limit(request, keys)
-        hits = in_use = 0
-        for span, first, stop in self._pieces(keys, 0, limit, whole=False):
-            hits = stop
-            if span.refs:
-                in_use += stop - first
+        hits, in_use = self._gpu_hit(keys, limit, None)
         on_host = self.offload.run_end(keys, hits, limit)
         if on_host == hits:
             return 0
@@ -392,6 +385,7 @@ class KVBlocks:
         request.blocks = on_host
         request.computed = on_host * self.block_size
         request.host_loaded = on_host - hits
+        request.host_end = on_host
         request.hit_blocks = request.hit_in_use = 0
         return 1
 
@@ -404,32 +398,3 @@ class KVBlocks:
             assert request.content is not None
             request.block_keys = block_keys(request.content, self.block_size)
         return request.block_keys
-
-
-def _hold(request: Request, end: int, cached: bool) -> None:
-    """The request now holds its blocks up to `end`, cached (in spans) or uncached copies."""
-    runs = request.held_runs
-    if runs is None:
-        request.held_runs = [(end, cached)]
-    elif runs[-1][1] == cached:
-        runs[-1] = (end, cached)
-    else:
-        runs.append((end, cached))
-
-
-def block_keys(content: tuple[tuple[int, int], ...], block_size: int) -> list[int]:
-    """The keys of the full blocks of `content` (segments as (segment id, tokens)).
-
-    Chained by segment: `chain` stands for everything before a segment (0 at the start, then
-    hash((chain, segment, tokens)) after each); a block ending `offset` tokens into a segment has
-    key hash((chain, segment)) + offset, which is thus a function of the whole prefix up to its last
-    token, and a segment's keys are one range of integers (two segments' ranges overlap with odds
-    of a 64-bit collision)."""
-    keys: list[int] = []
-    chain = position = 0
-    for segment, length in content:
-        base = hash((chain, segment))
-        keys += range(base + block_size - position % block_size, base + length + 1, block_size)
-        chain = hash((chain, segment, length))
-        position += length
-    return keys

@@ -16,9 +16,12 @@ rules, as `tests/kv_reference.py` states them again block by block:
   part, each host key in block order becomes the most recently used, it takes a GPU block for each
   from the free queue, and it leaves the waiting queue while the blocks cross the host link. Loads
   cross it one after another (`HostLink`), each taking its blocks times `HostTier.block_bytes` over
-  `HostTier.bandwidth`; no step waits for them. When a load ends, the server registers its blocks
-  in the cache and the request rejoins the waiting queue at its front (in its place under
-  priority scheduling), holding its whole hit: admitted, it computes the rest. This is vLLM's
+  `HostTier.bandwidth`; no step waits for them. When a load ends, the request releases its blocks,
+  cached, and rejoins the waiting queue at its front (in its place under priority scheduling),
+  where its hit now finds them on the GPU; its admission counts those it loaded as host hits
+  (`Request.host_end`). vLLM keeps them allocated to the request until it is scheduled; here a
+  waiting request holds no block, as a request that held blocks while waiting could starve a
+  preempted one ahead of it for ever (a small cache and token budget did). This is vLLM's
   OffloadingConnector, which loads asynchronously (its scheduler side returns `(hit tokens, True)`
   from `get_num_new_matched_tokens`, and the request waits in WAITING_FOR_REMOTE_KVS with its
   blocks allocated, vllm/distributed/kv_transfer/kv_connector/v1/offloading/scheduler.py).

@@ -173,17 +173,15 @@ class Server:
             if not step.tokens and not decode:
                 if host_reads:
                     self._start_loads()
-                yield from self._sleep(self._wake_at(step.wake_at))
+                yield from self._sleep(self._wake_at(step.wake_at) if loads else step.wake_at)
             elif (not step.tokens and not speculative and not host_reads
                   and decoders.blocks_needed() <= kv.num_free):
-                yield from self._decode(self._wake_at(step.wake_at))
+                yield from self._decode(self._wake_at(step.wake_at) if loads else step.wake_at)
             else:
                 yield from self._step(step)
 
     def _wake_at(self, wake_at: float | None) -> float | None:
-        """The policy's `wake_at`, or the next load's end if sooner."""
-        if not self.loads:
-            return wake_at
+        """The policy's `wake_at`, or the next load's end if sooner (a load is in flight)."""
         end = self.loads[0][0]
         return end if wake_at is None or end < wake_at else wake_at
 
@@ -193,7 +191,7 @@ class Server:
         kv, link, waiting = self.kv, self.link, self.running_set.waiting
         assert link is not None
         for request in kv.host_reads:
-            if request.host_loaded:  # read twice
+            if request.blocks:  # passed over twice, loading already
                 continue
             started = kv.start_load(request)
             if started < 0:
@@ -204,13 +202,13 @@ class Server:
         kv.host_reads.clear()
 
     def _loaded(self) -> None:
-        """The loads ended by now: their blocks are cached, their requests at the waiting queue's
-        front in the order they loaded."""
+        """The loads ended by now: their requests release their blocks, cached, and rejoin the
+        waiting queue at its front in the order they loaded."""
         loads, kv, clock = self.loads, self.kv, self.clock
         ended: list[Request] = []
         while loads and loads[0][0] <= clock:
             request = loads.popleft()[1]
-            kv.register(request, request.computed)
+            kv.release(request)
             ended.append(request)
         waiting = self.running_set.waiting
         for request in reversed(ended):
