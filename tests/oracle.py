@@ -13,7 +13,7 @@ never took any), then the admissions take their hits and blocks, then the step's
 register their full blocks.
 
 With a host tier, requests whose hit has a host part are hidden from the policy; after the step's
-blocks are taken, those the policy came to start loading in that order until one does not fit
+blocks are taken, unless it preempted, those the policy came to start loading in that order until one does not fit
 (`KVBlocks.start_load`), leaving the queue; a list of (end, request) is the link, each load starting
 when the one before ended. Before each step, the requests whose loads ended by then release their
 blocks (cached) and rejoin the queue at its front; an idle server sleeps until the next load's end
@@ -201,6 +201,8 @@ class OracleServer:
                 for request, n in all_rows:
                     if not request.is_decoding:
                         kv.register(request, request.computed + n)
+            if num_preempted:  # no load starts in a step that preempted
+                self.waiting.passed = []
             self._start_loads()
             cache_stats = (kv.queried_tokens - queried, kv.hit_tokens - hit, kv.host_hit_tokens - host_hit)
             if step.batch is not None:

@@ -240,7 +240,10 @@ class Server:
         running, start = self.running_set, self.clock
         duration = self.cost.step_time(running.take(step, start))
         if self.kv.host_reads:
-            self._start_loads()
+            if running._counts[4]:  # it preempted: as vLLM schedules no waiting request then
+                self.kv.host_reads.clear()
+            else:
+                self._start_loads()
         end = start + duration
         if end >= self.limit:
             yield self.env.timeout_at(end, self.priority)  # the clock stops first
