@@ -225,3 +225,24 @@ def test_each_gpu_loads_its_tensor_parallel_shard_over_its_own_link() -> None:
     assert tiers[1].blocks == tiers[2].blocks == int(100e9 // (LLAMA_KV_BYTES_PER_TOKEN * BLOCK))
     assert tiers[1].bandwidth == tiers[2].bandwidth == 64e9
     assert host_tier(RunConfig(), model, gpu) is None
+
+
+def test_loads_and_preemptions_do_not_feed_each_other_for_ever() -> None:
+    """A run hypothesis found: 1-token blocks, 211 of them, outputs of up to 187 tokens, a 1 MB/s
+    host link. Preempted requests' KV is evicted to the host and loaded back, and loads that took
+    blocks in steps that preempted made the running requests preempt each other without end (3,676
+    preemptions each in 1e5 simulated s). Starting no load in a step that preempts (vLLM's rule),
+    every request finishes within seconds."""
+    config = RunConfig(policy="priority", max_num_seqs=3, max_num_batched_tokens=9, long_prefill_token_threshold=0,
+                       block_size=1, num_gpu_blocks_override=211, kv_offload_gb=57.5 * LLAMA_KV_BYTES_PER_TOKEN / 1e9,
+                       kv_offload_bandwidth=0.001, time_limit=1000.0)
+    a, b, c = 2_199_023_255_552, 1_099_511_627_777, 1_099_511_627_776
+    content = (((a, 3),), ((b, 2),), ((a, 3),), ((b, 4),), ((b, 3),), ((a + 5, 4),), ((c, 1), (a + 6, 2)),
+               ((c, 1), (a + 7, 3)), ((a, 3),), ((c, 1), (a, 2)))
+    workload = Workload(prompt_tokens=np.array([3, 2, 3, 4, 3, 4, 3, 4, 3, 3]),
+                        output_tokens=np.array([169, 86, 53, 63, 187, 183, 126, 128, 102, 56]),
+                        arrival=np.array([5.4e-05, 1.3e-04, 1.5e-04, 1.5e-04, 1.7e-04, 1.7e-04, 1.7e-04, 2.2e-04,
+                                          3.2e-04, 3.2e-04]), concurrency=None, content=content)
+    requests = build_tables(simulate(config, workload), tokens=False).requests
+    assert requests["finished"].all()
+    assert requests["cached_tokens_host"].sum() > 0
