@@ -6,6 +6,7 @@ block-by-block reference with the tier on is in tests/test_prefix_cache.py."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -152,6 +153,10 @@ def test_per_tier_hits_add_up_and_kv_stays_within_both_tiers() -> None:
         summary["prefix_cache_hit_rate"], rel=1e-12)
     assert int(steps["kv_blocks_used"].max()) <= 700  # type: ignore[arg-type]
     assert summary["completed"] == 400
+    # With no tier the same run hits less.
+    plain = simulate(replace(config, kv_offload_gb=0.0))
+    assert summarize(plain, build_tables(plain, tokens=False))["prefix_cache_hit_rate"] < summary[
+        "prefix_cache_hit_rate"]
 
 
 @pytest.mark.parametrize(("settings", "named"), [
