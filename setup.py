@@ -21,6 +21,7 @@ from setuptools import setup
 from setuptools.command.build_ext import build_ext
 
 COMPILED = [
+    "simulator/engine/blocks.py",
     "simulator/engine/decoders.py",
     "simulator/engine/kv.py",
     "simulator/engine/offload.py",

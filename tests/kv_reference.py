@@ -13,18 +13,13 @@ from simulator.engine.request import Request
 
 class ReferenceHost:
     """The host tier's counters as `simulator.engine.offload.HostBlocks` keeps them (the keys are
-    `ReferenceKVBlocks`'s); its load time computed as the docs say it."""
+    `ReferenceKVBlocks`'s)."""
 
     def __init__(self, tier: HostTier) -> None:
-        self.tier, self.stored, self.loading, self.held = tier, 0, 0, 0
+        self.tier, self.stored, self.held = tier, 0, 0
 
     def __len__(self) -> int:
         return self.held
-
-    def take_load_time(self) -> float:
-        seconds = self.loading * self.tier.block_bytes / self.tier.bandwidth
-        self.loading = 0
-        return seconds
 
 
 class ReferenceKVBlocks(KVBlocks):
@@ -158,19 +153,35 @@ class ReferenceKVBlocks(KVBlocks):
             hits += 1
         if hits > gpu_hits:
             self.read_hits.append(None)  # type: ignore[arg-type]  # a hit with a host part
+            self.host_reads.append(request)
         request.computed = hits * self.block_size
         request.hit_blocks = hits
         request.hit_in_use = in_use
 
     def take_hit(self, request: Request) -> None:
-        """At admission: hold the hit blocks `look_up` found that are still cached, and count the
-        query."""
+        """At admission: hold the hit blocks `look_up` found that are still cached (a request
+        loaded from the host holds its own already), and count the query."""
         if request.content is None:
             return
+        held = self._hold_cached(request, request.hit_blocks)
+        request.blocks = held
+        request.computed = held * self.block_size
+        first_loaded = request.host_end - request.host_loaded
+        loaded = sum(1 for i in range(held) if first_loaded <= i < request.host_end)
+        request.hit_blocks = request.hit_in_use = request.host_loaded = request.host_end = 0
+        self.queried_tokens += request.prompt_tokens + request.emitted
+        self.hit_tokens += request.computed
+        self.host_hit_tokens += loaded * self.block_size
+        if request.scheduled != request.scheduled:  # NaN: its first admission
+            request.cached_tokens = request.computed
+            request.cached_tokens_host = loaded * self.block_size
+
+    def _hold_cached(self, request: Request, end: int) -> int:
+        """Hold the request's cached blocks among its first `end`, up to the first not cached."""
         keys = self._keys(request)
         held = self._held.setdefault(request.id, [])
         refs = self._refs
-        for key in keys[:request.hit_blocks]:
+        for key in keys[:end]:
             ref = refs.get(key)
             if ref is None:
                 break
@@ -179,24 +190,33 @@ class ReferenceKVBlocks(KVBlocks):
                 self.num_free -= 1
             refs[key] = ref + 1
             held.append(key)
-        loaded = 0
-        for key in keys[len(held):request.hit_blocks]:
-            if key not in self._host_used or loaded == self.num_free:
-                break
+        return len(held)
+
+    def start_load(self, request: Request) -> int:
+        """Load the request's host part if all of it fits beside its GPU part's free blocks."""
+        keys = self._keys(request)
+        limit = min(len(keys), (request.prompt_tokens + request.emitted - 1) // self.block_size)
+        gpu = 0
+        while gpu < limit and keys[gpu] in self._refs:
+            gpu += 1
+        host = gpu
+        while host < limit and keys[host] in self._host_used:
+            host += 1
+        if host == gpu:
+            return 0
+        free_gpu_part = sum(1 for key in keys[:gpu] if self._refs[key] == 0)
+        if free_gpu_part + host - gpu > self.num_free:
+            return -1
+        self._hold_cached(request, gpu)
+        for key in keys[gpu:host]:
             self._use(key)
-            loaded += 1
-        if self.offload is not None:
-            self.offload.loading += loaded
-        self.take(loaded)
-        request.blocks = len(held) + loaded
-        request.computed = (len(held) + loaded) * self.block_size
+        self.take(host - gpu)
+        request.blocks = host
+        request.computed = host * self.block_size
+        request.host_loaded = host - gpu
+        request.host_end = host
         request.hit_blocks = request.hit_in_use = 0
-        self.queried_tokens += request.prompt_tokens + request.emitted
-        self.hit_tokens += request.computed
-        self.host_hit_tokens += loaded * self.block_size
-        if request.scheduled != request.scheduled:  # NaN: its first admission
-            request.cached_tokens = request.computed
-            request.cached_tokens_host = loaded * self.block_size
+        return 1
 
     def room_sparing_hits(self, cap: int) -> int:
         """Blocks `take` can pop before it evicts a block of a hit `look_up` recorded: the free

@@ -12,6 +12,13 @@ taken from the free queue once the step's victims are known (a row preempted lat
 never took any), then the admissions take their hits and blocks, then the step's prefill rows
 register their full blocks.
 
+With a host tier, requests whose hit has a host part are hidden from the policy; after the step's
+blocks are taken, unless it preempted, those the policy came to start loading in that order until one does not fit
+(`KVBlocks.start_load`), leaving the queue; a list of (end, request) is the link, each load starting
+when the one before ended. Before each step, the requests whose loads ended by then release their
+blocks (cached) and rejoin the queue at its front; an idle server sleeps until the next load's end
+at the latest.
+
 With speculative decoding every decoding row grows its KV for k + 1 tokens and is priced as a
 single-token row verifying k draft tokens; at the step's end it draws its verify step's uniform
 afresh from its own stream (the j-th of `SeedSequence(seed, spawn_key=(6, id))`), accepts the
@@ -59,20 +66,28 @@ class ArrivalTimeout(Timeout):
 
 
 class Waiting:
-    """The waiting queue: FCFS (preempted first) or sorted by (priority, arrival, id)."""
+    """The waiting queue: FCFS (preempted first) or sorted by (priority, arrival, id). The policy
+    does not see the `hidden` requests (hits with a host part): those it would have come to, in
+    order, are `passed`."""
 
     def __init__(self, priority: bool) -> None:
         self.items: list[Request] = []
         self.priority = priority
+        self.hidden: set[Request] = set()
+        self.passed: list[Request] = []
 
     def __iter__(self) -> Any:
-        return iter(self.items)
+        for request in self.items:
+            if request in self.hidden:
+                self.passed.append(request)
+            else:
+                yield request
 
     def __len__(self) -> int:
         return len(self.items)
 
     def first(self) -> Request:
-        return self.items[0]
+        return next(iter(self))
 
     def push(self, request: Request, front: bool = False) -> None:
         if front and not self.priority:
@@ -98,6 +113,8 @@ class OracleServer:
         self.log = StepLog()
         if speculation is not None:
             self.log.spec_accepted = array("q", [0] * (speculation.num_tokens + 1))
+        self.loads: list[tuple[float, Request]] = []  # host-tier loads in flight: (end, request)
+        self.link_free = 0.0  # when the host link has carried every load asked of it
         self._wakeup = simpy.Store(env)
         self._sleeping = False
         self.priority = NORMAL
@@ -140,25 +157,37 @@ class OracleServer:
     def _serve(self) -> Generator[simpy.Event, Any, None]:
         kv = self.kv
         while True:
+            ended = [request for end, request in self.loads if end <= self.env.now]
+            self.loads = [(end, request) for end, request in self.loads if end > self.env.now]
+            for request in ended:
+                kv.release(request)
+            for request in reversed(ended):
+                self.waiting.push(request, front=True)
             if kv.caching:
-                for request in self.waiting:
+                for request in self.waiting.items:
                     kv.look_up(request)
+                self.waiting.hidden = set(kv.host_reads)
+                kv.host_reads.clear()
+            self.waiting.passed = []
             step = self.policy(self)
             rows = [(r, 1 if r.is_decoding and step.decode else step.tokens[r]) for r in self.run_list
                     if (step.decode and r.is_decoding and not r.is_finished) or r in step.tokens]
             rows = [(r, n + self.draft_tokens if r.is_decoding else n) for r, n in rows]
             admits = [(r, n) for r, n in step.tokens.items() if r not in self.run_list]
             if not rows and not admits:
-                if step.wake_at is None and (self.waiting.items or self.run_list):
+                self._start_loads()
+                wake_at = min(([step.wake_at] if step.wake_at is not None else []) + [end for end, _ in self.loads],
+                              default=None)
+                if wake_at is None and (self.waiting.items or self.run_list):
                     raise PolicyStalledError(
                         f"the policy scheduled nothing at t={self.env.now:.6f} s while {len(self.waiting)} requests "
                         f"waited and {len(self.run_list)} ran")
                 self._sleeping = True
                 get = self._wakeup.get()
-                if step.wake_at is None:
+                if wake_at is None:
                     yield get
                 else:
-                    yield get | self.env.timeout(step.wake_at - self.env.now)
+                    yield get | self.env.timeout(wake_at - self.env.now)
                     if not get.triggered:
                         get.cancel()
                 self._sleeping = False
@@ -172,6 +201,9 @@ class OracleServer:
                 for request, n in all_rows:
                     if not request.is_decoding:
                         kv.register(request, request.computed + n)
+            if num_preempted:  # no load starts in a step that preempted
+                self.waiting.passed = []
+            self._start_loads()
             cache_stats = (kv.queried_tokens - queried, kv.hit_tokens - hit, kv.host_hit_tokens - host_hit)
             if step.batch is not None:
                 self.batch, self.batch_prompt = [r for r, _ in admits], step.batch.prompt_len
@@ -188,12 +220,27 @@ class OracleServer:
                 shape = StepShape.from_rows([(n, r.computed + n) for r, n in all_rows])
             start = self.env.now
             duration = self.cost.step_time(shape)
-            if kv.offload is not None and kv.offload.loading:  # the admissions' host-tier hits, loaded first
-                duration += kv.offload.take_load_time()
             yield ArrivalTimeout(self.env, duration, self.priority)
             if cache_stats[0]:
                 self.log.cache_queries(len(self.log), *cache_stats)
             self._advance(all_rows, start, duration, shape, num_preempted)
+
+    def _start_loads(self) -> None:
+        """The hidden requests the policy came to load from the host tier in that order, until one
+        does not fit, one after another on the link: blocks x block bytes / bandwidth each."""
+        for request in self.waiting.passed:
+            if request.blocks:
+                continue
+            started = self.kv.start_load(request)
+            if started < 0:
+                break
+            if started:
+                assert self.kv.host is not None
+                self.waiting.items.remove(request)
+                self.link_free = max(self.env.now, self.link_free) + (
+                    request.host_loaded * self.kv.host.block_bytes / self.kv.host.bandwidth)
+                self.loads.append((self.link_free, request))
+        self.waiting.passed = []
 
     def _allocate(self, rows: list[tuple[Request, int]]) -> int:
         num_preempted = 0

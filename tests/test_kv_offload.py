@@ -23,6 +23,8 @@ from simulator.deploy.model import load_model
 from simulator.errors import InputError
 from simulator.metrics.summary import build_tables, summarize
 from simulator.run.simulate import simulate
+from workloads import Workload
+from workloads.prefixes import SHARED_PREFIX, UNIQUE
 
 # Llama-3.1-8B's KV per token, from its config.json: K and V, 32 layers, 8 KV heads of 128, bf16.
 LLAMA_KV_BYTES_PER_TOKEN = 2 * 32 * 8 * 128 * 2
@@ -57,6 +59,45 @@ def test_a_host_hit_loads_in_bytes_over_bandwidth(bandwidth: float | None) -> No
     summary = summarize(result, build_tables(result, tokens=False))
     assert summary["kv_offload_loaded_blocks"] == (n - ROOM - 1) * PREFIX // BLOCK
     assert summary["kv_offload_load_time"] == pytest.approx((n - ROOM - 1) * load, rel=1e-12)
+
+
+def test_a_load_overlaps_another_requests_decode_steps() -> None:
+    """A GPU cache of 100 blocks. Request 0 computes prompt X (1,040 tokens, 65 blocks) and leaves
+    it cached; request 1 (1,040 other tokens) evicts X's last 30 blocks to the host tier (the 35
+    blocks never used come first in the free queue); request 2 (150 tokens, 10 blocks, 10 output
+    tokens, so 9 decode steps that take no block) evicts 10 more. Request 3, X again, arrives during
+    request 2's first decode step: its hit is X's first 25 blocks on the GPU and the next 39
+    (up to 64 = (1,040 - 1) // 16) on the host. It starts loading at the end of that step: 39 blocks
+    of 16 x 131,072 bytes at 1 GB/s, 81.8 ms, longer than request 2's remaining steps. Those steps
+    take the cost model's time, no more (request 2 finishes at its prefill and 9 decode steps
+    after it arrived); request 3 is computed alone once its load ends: 16 tokens over 1,040."""
+    x, block = ((SHARED_PREFIX, 1040),), 16
+    config = RunConfig(policy="chunked", num_gpu_blocks_override=100, kv_offload_gb=1.0, kv_offload_bandwidth=1.0)
+    model = load_model(config.model)
+    cost = build_cost_model(config, model, load_gpu(config.gpu))
+    prefill = cost.step_time(StepShape.from_rows([(150, 150)]))
+    decodes = [cost.step_time(StepShape.from_rows([(1, 150 + j)])) for j in range(1, 10)]
+    arrival2 = 2.0
+    arrival3 = arrival2 + prefill + decodes[0] / 2
+    workload = Workload(prompt_tokens=np.array([1040, 1040, 150, 1040], dtype=np.int64),
+                        output_tokens=np.array([1, 1, 10, 1], dtype=np.int64),
+                        arrival=np.array([0.0, 1.0, arrival2, arrival3]), concurrency=None,
+                        content=(x, ((UNIQUE + 1, 1040),), ((UNIQUE + 2, 150),), x))
+    result = simulate(config, workload)
+    requests = build_tables(result, tokens=False).requests
+    assert requests["cached_tokens_gpu"].to_list() == [0, 0, 0, 25 * block]
+    assert requests["cached_tokens_host"].to_list() == [0, 0, 0, 39 * block]
+    finish = requests["finish"].to_numpy()
+    end = arrival2 + prefill
+    ends = []
+    for duration in decodes:
+        end += duration
+        ends.append(end)
+    assert finish[2] == pytest.approx(ends[-1], rel=1e-12)  # not one step waited for the load
+    load_end = ends[0] + 39 * block * LLAMA_KV_BYTES_PER_TOKEN / 1e9
+    assert ends[-1] < load_end
+    alone = cost.step_time(StepShape.from_rows([(16, 1040)]))
+    assert requests["ttft"].to_numpy()[3] == pytest.approx(load_end + alone - arrival3, rel=1e-12)
 
 
 def test_a_host_tier_too_small_for_a_prefix_hits_only_what_it_holds() -> None:
@@ -189,3 +230,24 @@ def test_each_gpu_loads_its_tensor_parallel_shard_over_its_own_link() -> None:
     assert tiers[1].blocks == tiers[2].blocks == int(100e9 // (LLAMA_KV_BYTES_PER_TOKEN * BLOCK))
     assert tiers[1].bandwidth == tiers[2].bandwidth == 64e9
     assert host_tier(RunConfig(), model, gpu) is None
+
+
+def test_loads_and_preemptions_do_not_feed_each_other_for_ever() -> None:
+    """A run hypothesis found: 1-token blocks, 211 of them, outputs of up to 187 tokens, a 1 MB/s
+    host link. Preempted requests' KV is evicted to the host and loaded back, and loads that took
+    blocks in steps that preempted made the running requests preempt each other without end (3,676
+    preemptions each in 1e5 simulated s). Starting no load in a step that preempts (vLLM's rule),
+    every request finishes within seconds."""
+    config = RunConfig(policy="priority", max_num_seqs=3, max_num_batched_tokens=9, long_prefill_token_threshold=0,
+                       block_size=1, num_gpu_blocks_override=211, kv_offload_gb=57.5 * LLAMA_KV_BYTES_PER_TOKEN / 1e9,
+                       kv_offload_bandwidth=0.001, time_limit=1000.0)
+    a, b, c = 2_199_023_255_552, 1_099_511_627_777, 1_099_511_627_776
+    content = (((a, 3),), ((b, 2),), ((a, 3),), ((b, 4),), ((b, 3),), ((a + 5, 4),), ((c, 1), (a + 6, 2)),
+               ((c, 1), (a + 7, 3)), ((a, 3),), ((c, 1), (a, 2)))
+    workload = Workload(prompt_tokens=np.array([3, 2, 3, 4, 3, 4, 3, 4, 3, 3]),
+                        output_tokens=np.array([169, 86, 53, 63, 187, 183, 126, 128, 102, 56]),
+                        arrival=np.array([5.4e-05, 1.3e-04, 1.5e-04, 1.5e-04, 1.7e-04, 1.7e-04, 1.7e-04, 2.2e-04,
+                                          3.2e-04, 3.2e-04]), concurrency=None, content=content)
+    requests = build_tables(simulate(config, workload), tokens=False).requests
+    assert requests["finished"].all()
+    assert requests["cached_tokens_host"].sum() > 0

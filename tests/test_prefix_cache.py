@@ -129,8 +129,9 @@ def test_free_queue_evicts_least_recently_released_first() -> None:
 @given(data=st.data())
 def test_spans_keep_the_block_rules_call_by_call(data: st.DataObject) -> None:
     """Spans split by hits, shortened by evictions and freed in any order: KVBlocks and the
-    block-by-block reference through the same random calls (an admission taking its hit and a
-    prompt chunk, a later chunk, a release), the counts and every waiting request's hit compared
+    block-by-block reference through the same random calls (an admission taking its hit, its host
+    part loaded first or not, and a prompt chunk, a later chunk, a release), the counts and every
+    waiting request's hit compared
     after each call. Prompts are a few segments from a small pool, each sent twice, so they share
     prefixes, part inside each other's spans, and compute the same blocks at once."""
     block = 4
@@ -144,10 +145,20 @@ def test_spans_keep_the_block_rules_call_by_call(data: st.DataObject) -> None:
            ReferenceKVBlocks(num_blocks, block, caching=True, host=host))
     twins = [[Request(i, 0.0, sum(n for _, n in content), 1, content=tuple(content)) for _ in kvs]
              for i, content in enumerate(contents)]
-    cached, evicted = 0, False
+    cached, evicted, loads = 0, False, 0
     for _ in range(data.draw(st.integers(1, 60), label="calls")):
         pair = data.draw(st.sampled_from(twins))
         if pair[0].admitted < 0:
+            if host is not None and data.draw(st.booleans(), label="loads first"):
+                # Its host part loaded (if it has one and it fits), released cached at the load's
+                # end, then looked up again.
+                started = [kv.start_load(request) for kv, request in zip(kvs, pair, strict=True)]
+                assert started[0] == started[1]
+                if started[0] > 0:
+                    loads += 1
+                    for kv, request in zip(kvs, pair, strict=True):
+                        kv.release(request)
+                        kv.look_up(request)
             for kv, request in zip(kvs, pair, strict=True):
                 kv.take_hit(request)
                 request.admitted = 0
@@ -163,7 +174,7 @@ def test_spans_keep_the_block_rules_call_by_call(data: st.DataObject) -> None:
                 kv.release(request)
                 request.admitted, request.computed = -1, 0
         assert (kvs[0].num_free, kvs[0].num_cached) == (kvs[1].num_free, kvs[1].num_cached)
-        counters = [(len(kv.offload), kv.offload.stored, kv.offload.loading) if kv.offload is not None else ()
+        counters = [(len(kv.offload), kv.offload.stored) if kv.offload is not None else ()
                     for kv in kvs]
         assert counters[0] == counters[1]
         assert [(kv.hit_tokens, kv.host_hit_tokens) for kv in kvs] == [(kvs[1].hit_tokens, kvs[1].host_hit_tokens)] * 2
@@ -195,6 +206,7 @@ def test_spans_keep_the_block_rules_call_by_call(data: st.DataObject) -> None:
         cached = kvs[0].num_cached
     event("evicted" if evicted else "nothing evicted")
     event("host hits" if kvs[0].host_hit_tokens else "no host hit")
+    event("loads" if loads else "no load")
 
 
 def hits_after_taking(kv: KVBlocks, waiting: list[Request], n: int) -> list[int]:

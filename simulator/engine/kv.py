@@ -44,8 +44,7 @@ With it (vLLM V1's automatic prefix caching, `KVBlocks(caching=True)`):
   admissions).
 - Statistics as vLLM's: tokens queried (prompt + emitted at each admission) and hit.
 
-With a host tier (`--kv-offload-gb`, `HostTier`), blocks the cache evicts go to host memory, and a
-hit continues there after its GPU part: `simulator.engine.offload` says how.
+A host tier (`--kv-offload-gb`): evicted blocks go to host memory (`simulator.engine.offload`).
 """
 
 from __future__ import annotations
@@ -58,6 +57,7 @@ from typing import Any, Final
 
 from mypy_extensions import mypyc_attr
 
+from simulator.engine.blocks import block_keys, hold_run
 from simulator.engine.offload import HostBlocks, HostTier
 from simulator.engine.request import Request
 
@@ -106,6 +106,8 @@ class KVBlocks:
         self.read_hits: list[tuple[Span, int]] = []
         """Free spans holding part of a hit `look_up` found, with where that part stops, since the
         server last cleared it (before each policy call): what a decode stretch must not evict."""
+        self.host_reads: list[Request] = []
+        """Requests `look_up` found a hit with a host part for, in order: loads to start (`start_load`)."""
 
     @property
     def num_used(self) -> int:
@@ -217,7 +219,7 @@ class KVBlocks:
             if span is None:
                 self._starts[keys[first]] = Span(keys, first, stop, 1)
                 self._num_cached += stop - first
-            _hold(request, stop, cached=span is None)
+            hold_run(request, stop, cached=span is None)
             held = stop
 
     def _pieces(self, keys: list[int], i: int, end: int, whole: bool) -> list[tuple[Any, int, int]]:
@@ -253,21 +255,28 @@ class KVBlocks:
             return
         keys = self._keys(request)
         limit = self._hit_limit(request, keys)
+        hits, in_use = self._gpu_hit(keys, limit, self.read_hits)
+        if self.offload is not None and hits < limit:
+            on_host = self.offload.run_end(keys, hits, limit)
+            if on_host > hits:
+                self.read_hits.append((HOST_READ, on_host))
+                self.host_reads.append(request)
+                hits = on_host
+        request.computed = hits * self.block_size
+        request.hit_blocks = hits
+        request.hit_in_use = in_use
+
+    def _gpu_hit(self, keys: list[int], limit: int, read: list[tuple[Span, int]] | None) -> tuple[int, int]:
+        """The longest prefix of GPU-cached blocks among `keys[:limit]`, and how many other requests
+        hold; the free spans holding part of it are added to `read` (with where that part stops)."""
         hits = in_use = 0
         for span, first, stop in self._pieces(keys, 0, limit, whole=False):
             hits = stop
             if span.refs:
                 in_use += stop - first
-            else:
-                self.read_hits.append((span, stop))
-        if self.offload is not None and hits < limit:
-            on_host = self.offload.run_end(keys, hits, limit)
-            if on_host > hits:
-                self.read_hits.append((HOST_READ, on_host))
-                hits = on_host
-        request.computed = hits * self.block_size
-        request.hit_blocks = hits
-        request.hit_in_use = in_use
+            elif read is not None:
+                read.append((span, stop))
+        return hits, in_use
 
     def cached_tokens(self, request: Request, popped: int = 0) -> int:
         """Prompt tokens of `request` cached here once `popped` more blocks are taken (a decode
@@ -324,17 +333,28 @@ class KVBlocks:
 
     def take_hit(self, request: Request) -> None:
         """At admission: hold the hit blocks `look_up` found that are still cached, and count the
-        query."""
+        query (those its last load brought from the host tier as host hits)."""
         if request.content is None:
             return
-        keys = self._keys(request)
-        starts = self._starts
-        hits = 0
         assert not request.held_runs
-        for span, first, stop in self._pieces(keys, 0, request.hit_blocks, whole=False):
-            # The hit is a prefix of the span: that part is held by one more request, as a new
-            # span; the rest stays where it was (in the queue if free: there, emptied, it is dropped
-            # when the head reaches it).
+        hits = request.blocks = self._hold_hit(request, self._keys(request), request.hit_blocks)
+        request.computed = hits * self.block_size
+        loaded = max(0, min(hits, request.host_end) - (request.host_end - request.host_loaded))
+        request.hit_blocks = request.hit_in_use = request.host_loaded = request.host_end = 0
+        self.queried_tokens += request.prompt_tokens + request.emitted
+        self.hit_tokens += request.computed
+        self.host_hit_tokens += loaded * self.block_size
+        if request.scheduled != request.scheduled:  # NaN: its first admission
+            request.cached_tokens = request.computed
+            request.cached_tokens_host = loaded * self.block_size
+
+    def _hold_hit(self, request: Request, keys: list[int], end: int) -> int:
+        """The request holds its longest prefix of cached blocks among `keys[:end]`; returns its length."""
+        starts, hits = self._starts, 0
+        for span, first, stop in self._pieces(keys, 0, end, whole=False):
+            # The hit is a prefix of the span: that part is held by one more request, as a new span;
+            # the rest stays where it was (in the queue if free: dropped, emptied, when the head
+            # reaches it).
             held = Span(keys, first, stop, span.refs + 1)
             span.first = stop
             if stop < span.end:
@@ -344,21 +364,30 @@ class KVBlocks:
             starts[keys[first]] = held
             hits = stop
         if hits:
-            _hold(request, hits, cached=True)
-        loaded = 0
-        if self.offload is not None and hits < request.hit_blocks:
-            loaded = min(self.offload.run_end(keys, hits, request.hit_blocks) - hits, self.num_free)
-            self.offload.load(keys[hits:hits + loaded])
-            self.take(loaded)  # the GPU blocks they are loaded into
-        request.blocks = hits + loaded
-        request.computed = (hits + loaded) * self.block_size
+            hold_run(request, hits, cached=True)
+        return hits
+
+    def start_load(self, request: Request) -> int:
+        """Start loading a waiting request's host part (1), if it has one (else 0) and it fits (else
+        -1): the `simulator.engine.offload` docstring. When the load ends it releases its blocks."""
+        assert self.offload is not None and not request.held_runs
+        keys = self._keys(request)
+        limit = self._hit_limit(request, keys)
+        hits, in_use = self._gpu_hit(keys, limit, None)
+        on_host = self.offload.run_end(keys, hits, limit)
+        if on_host == hits:
+            return 0
+        if on_host - in_use > self.num_free:
+            return -1
+        self._hold_hit(request, keys, hits)
+        self.offload.load(keys[hits:on_host])
+        self.take(on_host - hits)  # the GPU blocks they are loaded into
+        request.blocks = on_host
+        request.computed = on_host * self.block_size
+        request.host_loaded = on_host - hits
+        request.host_end = on_host
         request.hit_blocks = request.hit_in_use = 0
-        self.queried_tokens += request.prompt_tokens + request.emitted
-        self.hit_tokens += request.computed
-        self.host_hit_tokens += loaded * self.block_size
-        if request.scheduled != request.scheduled:  # NaN: its first admission
-            request.cached_tokens = request.computed
-            request.cached_tokens_host = loaded * self.block_size
+        return 1
 
     def _hit_limit(self, request: Request, keys: list[int]) -> int:
         """The most blocks a hit may hold: full blocks only, the last token left to compute."""
@@ -369,32 +398,3 @@ class KVBlocks:
             assert request.content is not None
             request.block_keys = block_keys(request.content, self.block_size)
         return request.block_keys
-
-
-def _hold(request: Request, end: int, cached: bool) -> None:
-    """The request now holds its blocks up to `end`, cached (in spans) or uncached copies."""
-    runs = request.held_runs
-    if runs is None:
-        request.held_runs = [(end, cached)]
-    elif runs[-1][1] == cached:
-        runs[-1] = (end, cached)
-    else:
-        runs.append((end, cached))
-
-
-def block_keys(content: tuple[tuple[int, int], ...], block_size: int) -> list[int]:
-    """The keys of the full blocks of `content` (segments as (segment id, tokens)).
-
-    Chained by segment: `chain` stands for everything before a segment (0 at the start, then
-    hash((chain, segment, tokens)) after each); a block ending `offset` tokens into a segment has
-    key hash((chain, segment)) + offset, which is thus a function of the whole prefix up to its last
-    token, and a segment's keys are one range of integers (two segments' ranges overlap with odds
-    of a 64-bit collision)."""
-    keys: list[int] = []
-    chain = position = 0
-    for segment, length in content:
-        base = hash((chain, segment))
-        keys += range(base + block_size - position % block_size, base + length + 1, block_size)
-        chain = hash((chain, segment, length))
-        position += length
-    return keys

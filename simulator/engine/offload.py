@@ -9,16 +9,26 @@ rules, as `tests/kv_reference.py` states them again block by block:
 - Hits. After a request's GPU hit (its longest prefix of GPU-cached blocks) come the blocks found
   here, one after another up to the first that is not, within the same limit: the hit is the GPU
   part then the host part (`Request.hit_blocks` counts both, `computed` their tokens).
-- Loads. At admission the host part, as far as it is still here and free GPU blocks allow, is
-  loaded: each of its keys, in block order, becomes the most recently used, then the request takes
-  a GPU block for each from the free queue (the policy's `extra_blocks` charged them as blocks for
-  tokens it computes) and registers them as it registers computed blocks. The step that admits it
-  waits for its loads: the blocks loaded times `HostTier.block_bytes` over `HostTier.bandwidth`
-  (`HostBlocks.take_load_time`), added to the step's time by the server (vLLM's connector loads
-  asynchronously instead: docs/concepts/kv-cache.md).
-- Decode stretches. While a looked-up hit has a host part, a stretch stops before it evicts any
-  cached block (`KVBlocks.room_sparing_hits`): an eviction could lengthen that hit (the next block
-  coming here) or, dropping a block from here, shorten it.
+- Loads. A waiting request whose looked-up hit has a host part is not shown to the policy; after
+  the step the policy chose took its blocks, if it preempted none (as vLLM's scheduler), those the
+  policy passed over load in the order it passed them, until one does not fit (`KVBlocks.start_load`): its hit is looked up again, and if
+  the free blocks hold its host part and the free cached blocks of its GPU part, it holds its GPU
+  part, each host key in block order becomes the most recently used, it takes a GPU block for each
+  from the free queue, and it leaves the waiting queue while the blocks cross the host link. Loads
+  cross it one after another (`HostLink`), each taking its blocks times `HostTier.block_bytes` over
+  `HostTier.bandwidth`; no step waits for them. When a load ends, the request releases its blocks,
+  cached, and rejoins the waiting queue at its front (in its place under priority scheduling),
+  where its hit now finds them on the GPU; its admission counts those it loaded as host hits
+  (`Request.host_end`). vLLM keeps them allocated to the request until it is scheduled; here a
+  waiting request holds no block, as a request that held blocks while waiting could starve a
+  preempted one ahead of it for ever (a small cache and token budget did). This is vLLM's
+  OffloadingConnector, which loads asynchronously (its scheduler side returns `(hit tokens, True)`
+  from `get_num_new_matched_tokens`, and the request waits in WAITING_FOR_REMOTE_KVS with its
+  blocks allocated, vllm/distributed/kv_transfer/kv_connector/v1/offloading/scheduler.py).
+- Decode stretches. A step after which loads may start is taken alone (the server); and while a
+  looked-up hit has a host part, a stretch stops before it evicts any cached block
+  (`KVBlocks.room_sparing_hits`): an eviction could lengthen that hit (the next block coming here)
+  or, dropping a block from here, shorten it.
 """
 
 from __future__ import annotations
@@ -46,8 +56,6 @@ class HostBlocks:
         self.tier = tier
         self.stored = 0
         """Blocks stored (new here) so far."""
-        self.loading = 0
-        """Blocks loaded since `take_load_time` was last called."""
         self._keys: OrderedDict[int, None] = OrderedDict()
 
     def __len__(self) -> int:
@@ -77,11 +85,18 @@ class HostBlocks:
         """`keys`, loaded, become the most recently used, in order."""
         for key in keys:
             self._keys.move_to_end(key)
-        self.loading += len(keys)
 
-    def take_load_time(self) -> float:
-        """Seconds the loads since the last call take on the link (bytes / bandwidth); the step
-        that made them waits for them."""
-        seconds = self.loading * self.tier.block_bytes / self.tier.bandwidth
-        self.loading = 0
-        return seconds
+
+class HostLink:
+    """The host-to-GPU direction of a server's host link: loads cross it one after another."""
+
+    def __init__(self, tier: HostTier) -> None:
+        self.tier = tier
+        self.free_at = 0.0
+        """When the last load queued on it ends."""
+
+    def load(self, now: float, blocks: int) -> float:
+        """A load of `blocks` asked for at `now`: when it ends, once the loads before it have."""
+        start = now if now > self.free_at else self.free_at
+        self.free_at = start + blocks * self.tier.block_bytes / self.tier.bandwidth
+        return self.free_at

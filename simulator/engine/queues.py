@@ -139,22 +139,32 @@ def make_queues(scheduling: Scheduling) -> tuple[FcfsQueue | PriorityQueue, Admi
 
 class WaitingWithHits:
     """A waiting queue as a policy reads it under prefix caching: each request it hands over is
-    looked up first (`KVBlocks.look_up`), so its `computed` and `num_pending` count its hit."""
+    looked up first (`KVBlocks.look_up`), so its `computed` and `num_pending` count its hit. One
+    whose hit has a host part it passes over (recorded in `KVBlocks.host_reads`): it loads before
+    it can be admitted (`simulator.engine.offload`)."""
 
     def __init__(self, queue: Any, kv: KVBlocks) -> None:
         self._queue = queue
         self._kv = kv
 
     def __iter__(self) -> Iterator[Request]:
-        look_up = self._kv.look_up
+        kv = self._kv
+        look_up, host_reads = kv.look_up, kv.host_reads
+        if kv.offload is None:
+            for request in self._queue:
+                look_up(request)
+                yield request
+            return
         for request in self._queue:
+            passed = len(host_reads)
             look_up(request)
-            yield request
+            if len(host_reads) == passed:
+                yield request
 
     def __len__(self) -> int:
         return len(self._queue)
 
     def first(self) -> Request:
-        request: Request = self._queue.first()
-        self._kv.look_up(request)
-        return request
+        for request in self:
+            return request
+        raise IndexError("no waiting request the policy may admit")

@@ -52,6 +52,11 @@ class Request:
     held_runs: list[tuple[int, bool]] | None = None
     hit_blocks: int = 0
     hit_in_use: int = 0
+    host_loaded: int = 0
+    host_end: int = 0
+    """Its last load from the KV cache's host tier while it waited (`KVBlocks.start_load`): blocks
+    host_end - host_loaded to host_end, which its admission counts as host hits as far as it hits
+    them."""
     # The engine's bookkeeping while the request is one of the decoders.
     decode_key: int = 0
     decode_epoch: int = 0

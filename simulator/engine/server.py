@@ -9,11 +9,16 @@ and admissions and says whether the decoders run (`simulator.engine.step`). The 
 1. asks the policy for the step (`self` is the policy's view);
 2. has the running set take it: explicit rows and the decoders get the KV they grow into, the
    running set preempted from its back until that fits, and the admissions join;
-3. charges the step's cost: its end on the server's clock (with a KV host tier, plus the time its
-   admissions' host hits take to load, `simulator.engine.kv`);
+3. charges the step's cost: its end on the server's clock;
 4. advances the requests: explicit rows compute their tokens, the decoders' step count goes up,
    explicit requests that now decode join the decoders, those finishing leave;
 5. logs the step.
+
+With a KV host tier (`simulator.engine.offload`), after the step took its blocks the waiting
+requests the policy passed over for their host hits start loading, on the server's host link
+(`HostLink`), beside the steps; a load's end is an event of the server's own: before the next
+policy call after it, its request rejoins the waiting queue, a decode stretch stops at the step it
+falls in, and an idle server wakes for it.
 
 It waits on the SimPy clock for the step's end only when something could see it: a finish, or an
 event before that end. Otherwise the step is carried out without a timeout at all, the server's
@@ -31,6 +36,7 @@ them; when the first step is the last, it is taken as any other step.
 from __future__ import annotations
 
 import math
+from collections import deque
 from collections.abc import Callable, Generator, Sequence
 from typing import Any
 
@@ -42,6 +48,7 @@ from simulator.cost import CostModel
 from simulator.engine import stretch
 from simulator.engine.clock import Clock
 from simulator.engine.kv import KVBlocks
+from simulator.engine.offload import HostLink
 from simulator.engine.queues import WaitingWithHits, make_queues
 from simulator.engine.request import Request
 from simulator.engine.running import RunningSet
@@ -95,6 +102,10 @@ class Server:
         self.stretch_kv: tuple[Sequence[float], Sequence[int]] | None = None
         """While a decode stretch is waited for: its step ends and the KV blocks its steps took by
         then (cumulative), which it commits at its end; a router reads the blocks held mid-stretch."""
+        self.link = HostLink(kv.host) if kv.offload is not None and kv.host is not None else None
+        """With a KV host tier: its link's load direction."""
+        self.loads: deque[tuple[float, Request]] = deque()
+        """Loads from the host tier in flight: (end, request), in order of their ends."""
         self._wakeup = simpy.Store(env)
         self._sleeping = False
         self._serving = self._serve()
@@ -150,18 +161,58 @@ class Server:
     def _serve(self) -> Process:
         on_step, policy, running, kv = self.on_step, self.policy, self.running_set, self.kv
         decoders, read_hits, speculative = running.decoders, kv.read_hits, self.speculative
+        host_reads, loads = kv.host_reads, self.loads
         while True:
             if on_step is not None:
                 on_step(running.num_finished, self.clock)
+            if loads and loads[0][0] <= self.clock:
+                self._loaded()
             read_hits.clear()
             step = policy(self)
             decode = step.decode and decoders.count > 0
             if not step.tokens and not decode:
-                yield from self._sleep(step.wake_at)
-            elif not step.tokens and not speculative and decoders.blocks_needed() <= kv.num_free:
-                yield from self._decode(step.wake_at)
+                if host_reads:
+                    self._start_loads()
+                yield from self._sleep(self._wake_at(step.wake_at) if loads else step.wake_at)
+            elif (not step.tokens and not speculative and not host_reads
+                  and decoders.blocks_needed() <= kv.num_free):
+                yield from self._decode(self._wake_at(step.wake_at) if loads else step.wake_at)
             else:
                 yield from self._step(step)
+
+    def _wake_at(self, wake_at: float | None) -> float | None:
+        """The policy's `wake_at`, or the next load's end if sooner (a load is in flight)."""
+        end = self.loads[0][0]
+        return end if wake_at is None or end < wake_at else wake_at
+
+    def _start_loads(self) -> None:
+        """The requests the policy passed over for their host hits start loading, in order, until
+        one does not fit (`KVBlocks.start_load`)."""
+        kv, link, waiting = self.kv, self.link, self.running_set.waiting
+        assert link is not None
+        for request in kv.host_reads:
+            if request.blocks:  # passed over twice, loading already
+                continue
+            started = kv.start_load(request)
+            if started < 0:
+                break
+            if started:
+                waiting.remove(request)
+                self.loads.append((link.load(self.clock, request.host_loaded), request))
+        kv.host_reads.clear()
+
+    def _loaded(self) -> None:
+        """The loads ended by now: their requests release their blocks, cached, and rejoin the
+        waiting queue at its front in the order they loaded."""
+        loads, kv, clock = self.loads, self.kv, self.clock
+        ended: list[Request] = []
+        while loads and loads[0][0] <= clock:
+            request = loads.popleft()[1]
+            kv.release(request)
+            ended.append(request)
+        waiting = self.running_set.waiting
+        for request in reversed(ended):
+            waiting.requeue(request)
 
     def _sleep(self, wake_at: float | None) -> Process:
         if wake_at is None and (len(self.waiting) or self.num_running):
@@ -188,9 +239,11 @@ class Server:
         """One step of any kind, the decoders taking part as one."""
         running, start = self.running_set, self.clock
         duration = self.cost.step_time(running.take(step, start))
-        offload = self.kv.offload
-        if offload is not None and offload.loading:  # its admissions' host-tier hits, loaded first
-            duration += offload.take_load_time()
+        if self.kv.host_reads:
+            if running._counts[4]:  # it preempted: as vLLM schedules no waiting request then
+                self.kv.host_reads.clear()
+            else:
+                self._start_loads()
         end = start + duration
         if end >= self.limit:
             yield self.env.timeout_at(end, self.priority)  # the clock stops first

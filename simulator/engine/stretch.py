@@ -5,7 +5,8 @@ last member; its other members finish inside the stretch but hold their rows), t
 KV blocks fit, the step whose blocks evict part of a prefix-cache hit the policy read while
 deciding (`KVBlocks.room_sparing_hits`: the hit would shrink, and a shorter hit can make a waiting
 request cheaper to admit), the last step ending before the time limit, the step during which the
-next event that could see the server (`Server.horizon`: an arrival) or the policy's `wake_at` falls
+next event that could see the server (`Server.horizon`: an arrival) or the policy's `wake_at` (or a
+KV host-tier load's end, which the server folds into it) falls
 (a padded batch admits nobody, so arrivals do not end its stretch). Steps are priced one by one
 for short stretches and as arrays (`CostModel.decode_step_times`, the same float operations
 elementwise) for long ones; step ends are a sequential cumulative sum, the same additions one
