@@ -11,8 +11,9 @@ rules, as `tests/kv_reference.py` states them again block by block:
   part then the host part (`Request.hit_blocks` counts both, `computed` their tokens).
 - Loads. A waiting request whose looked-up hit has a host part is not shown to the policy; after
   the step the policy chose took its blocks, if it preempted none (as vLLM's scheduler), those the
-  policy passed over load in the order it passed them, until one does not fit (`KVBlocks.start_load`): its hit is looked up again, and if
-  the free blocks hold its host part and the free cached blocks of its GPU part, it holds its GPU
+  policy passed over load in the order it passed them, until one does not fit
+  (`KVBlocks.start_load`): its hit is looked up again, and if the free blocks hold its host part
+  and the free cached blocks of its GPU part, it holds its GPU
   part, each host key in block order becomes the most recently used, it takes a GPU block for each
   from the free queue, and it leaves the waiting queue while the blocks cross the host link. Loads
   cross it one after another (`HostLink`), each taking its blocks times `HostTier.block_bytes` over
