@@ -7,16 +7,17 @@ from __future__ import annotations
 from collections import OrderedDict, deque
 
 from simulator.engine.kv import KVBlocks
-from simulator.engine.offload import HostTier
+from simulator.engine.offload import HostBlocks, HostTier
 from simulator.engine.request import Request
 
 
-class ReferenceHost:
+class ReferenceHost(HostBlocks):
     """The host tier's counters as `simulator.engine.offload.HostBlocks` keeps them (the keys are
-    `ReferenceKVBlocks`'s)."""
+    `ReferenceKVBlocks`'s; a subclass, as the compiled KVBlocks holds only a HostBlocks)."""
 
     def __init__(self, tier: HostTier) -> None:
-        self.tier, self.stored, self.held = tier, 0, 0
+        super().__init__(tier)
+        self.held = 0
 
     def __len__(self) -> int:
         return self.held
@@ -32,7 +33,7 @@ class ReferenceKVBlocks(KVBlocks):
         super().__post_init__()
         self._host_used: dict[int, int] = {}
         self._host_clock = 0
-        self.offload = ReferenceHost(self.host) if self.host is not None else None  # type: ignore[assignment]
+        self.offload = ReferenceHost(self.host) if self.host is not None else None
         self._refs: dict[int, int] = {}
         self._evictable: OrderedDict[int, int] = OrderedDict()
         self._uncached: deque[list[int]] = deque([[0, self.num_blocks]])

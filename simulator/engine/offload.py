@@ -37,6 +37,8 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass
 
+from mypy_extensions import mypyc_attr
+
 
 @dataclass(frozen=True)
 class HostTier:
@@ -50,6 +52,7 @@ class HostTier:
     """Bytes/s of each GPU's host link, host to device."""
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # tests/kv_reference.py keeps its own (setup.py)
 class HostBlocks:
     """The keys the host tier holds, least recently used first (the module docstring)."""
 
