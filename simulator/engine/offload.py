@@ -51,6 +51,9 @@ class HostTier:
     bandwidth: float
     """Bytes/s of each GPU's host link, host to device."""
 
+    def __deepcopy__(self, memo: dict[int, object]) -> HostTier:
+        return self  # immutable; and a compiled frozen dataclass cannot be copied field by field
+
 
 @mypyc_attr(allow_interpreted_subclasses=True)  # tests/kv_reference.py keeps its own (setup.py)
 class HostBlocks:
