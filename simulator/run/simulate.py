@@ -79,10 +79,8 @@ def simulate(config: RunConfig, workload: Workload | None = None, cost: CostMode
     policy, limit, caching, speculation = pool.policies[0], config.time_limit, pool.prefix_caching, pool.speculation
     host = pool.host if caching else None
     if engine is not None:
-        extra = ({"speculation": speculation} if speculation is not None else {}) | (
-            {"host": host} if host is not None else {})
         requests, log, end_time = engine(policy, pool.cost, pool.kv_blocks, pool.block_size, workload, limit,
-                                         prefix_caching=caching, **extra)
+                                         prefix_caching=caching, speculation=speculation, host=host)
     else:
         with run_progress(workload.num_requests, progress) as on_step:
             requests, log, end_time = run_engine(policy, pool.cost, pool.kv_blocks, pool.block_size, workload, limit,
