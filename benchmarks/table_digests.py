@@ -1,7 +1,8 @@
 """Digests of the tables of a fixed set of varied runs: what a refactor must leave bit for bit alone.
 
 Each case is a `simulate` command line (every policy, TP, fp8, a fleet behind a router, prefill/decode
-pools, sessions, prefix caching, a KV host tier, a time-limited run, a `compare` rerun). The script runs each in a
+pools, sessions, prefix caching, a KV host tier, a time-limited run, a `compare` rerun where the reference
+table is beside the checkout). The script runs each in a
 fresh process through the command line, so it runs the same on any revision whatever its module
 layout, reads back the Parquet tables the command wrote, and prints a sha256 of each table's
 contents (column names, types and values; not the file's metadata, which holds the date). Two
@@ -51,7 +52,8 @@ CASES: dict[str, list[str]] = {
     "kv-offload": ["--policy", "chunked", "--rate", "12", "--prefix-len", "400", "--num-prefixes", "24",
                    "--num-gpu-blocks-override", "500", "--kv-offload-gb", "0.2", *SMALL],
 }
-COMPARE = ["compare", str(SERVING / "aiconfigurator_silicon_vllm.csv")]
+COMPARE_TABLE = SERVING / "aiconfigurator_silicon_vllm.csv"
+COMPARE = ["compare", str(COMPARE_TABLE)]
 
 
 def digest(frame: pl.DataFrame) -> str:
@@ -81,7 +83,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--cases", help="which cases, comma-separated (default: all, and the compare rerun)")
     chosen = parser.parse_args().cases
-    names = chosen.split(",") if chosen else [*CASES, "compare"]
+    # The compare rerun reads the reference table beside the checkout; without it that case is left out.
+    names = chosen.split(",") if chosen else [*CASES, *(["compare"] if COMPARE_TABLE.exists() else [])]
     with tempfile.TemporaryDirectory() as tmp:
         for name in names:
             out = Path(tmp) / name
