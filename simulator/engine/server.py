@@ -106,6 +106,11 @@ class Server:
         """With a KV host tier: its link's load direction."""
         self.loads: deque[tuple[float, Request]] = deque()
         """Loads from the host tier in flight: (end, request), in order of their ends."""
+        self.due: list[float] = []
+        """A fed server's arrival times (`feed`), in order; `next_arrival` the first not yet submitted."""
+        self.next_arrival = math.inf
+        self._due_index = 0
+        self._make: Callable[[float], Request] | None = None
         self._wakeup = simpy.Store(env)
         self._sleeping = False
         self._serving = self._serve()
@@ -157,6 +162,30 @@ class Server:
         if self._sleeping:
             self._sleeping = False
             self._wakeup.put(request.id)
+
+    def feed(self, arrivals: list[float], make: Callable[[float], Request]) -> None:
+        """Take an open loop's requests from their arrival times, each made by `make` (a sent
+        request) and submitted as the server's clock passes it, instead of by an event per arrival:
+        a lone server is the only one that sees them. The run's tables are the same: the stretches
+        stop at the next arrival as at the clock's next event, and the step log's waiting counts
+        hold the requests arrived by each step's end."""
+        self.due, self._make, self._due_index = arrivals, make, -1
+        self._next_due()
+
+    def _next_due(self) -> None:
+        i = self._due_index = self._due_index + 1
+        due = self.due
+        self.next_arrival = due[i] if i < len(due) and due[i] < self.limit else math.inf
+
+    def _arrive(self, upto: float) -> None:
+        """A fed server's requests that arrived by `upto`, submitted in order (none at or past the
+        time limit, when the clock has stopped)."""
+        make = self._make
+        assert make is not None
+        while self.next_arrival <= upto:
+            at = self.next_arrival
+            self.submit(make(at), at)
+            self._next_due()
 
     def _serve(self) -> Process:
         on_step, policy, running, kv = self.on_step, self.policy, self.running_set, self.kv
@@ -221,6 +250,9 @@ class Server:
                 f"waited and {self.num_running} ran")
         if self.clock > self.env.now:
             yield self.env.timeout_at(self.clock, self.priority)
+        if self.next_arrival < math.inf:
+            yield from self._sleep_fed(wake_at)
+            return
         self._sleeping = True
         get = self._wakeup.get()
         if wake_at is None:
@@ -234,6 +266,23 @@ class Server:
                 get.cancel()
         self._sleeping = False
         self.clock = self.env.now
+
+    def _sleep_fed(self, wake_at: float | None) -> Process:
+        """A fed server's sleep: until its next arrival, or the policy's `wake_at` if that comes
+        first (at the bits `env.timeout` gives it, as the unfed server wakes)."""
+        env, arrival = self.env, self.next_arrival
+        now = env.now
+        if wake_at is not None and wake_at <= now:
+            raise PolicyError(f"the policy asked to sleep until t={wake_at}, which is not after now (t={now})")
+        # The policy's timeout is set either way, as the unfed server sets it: pending, it keeps
+        # the run going until it fires, so the run ends when it would have.
+        timer = None if wake_at is None else env.timeout(wake_at - now)
+        if timer is not None and now + (wake_at - now) < arrival:  # type: ignore[operator]
+            yield timer
+        elif arrival > now:  # else it arrived at the instant the server first looked (t = 0)
+            yield env.timeout_at(arrival, self.priority)
+        self.clock = env.now
+        self._arrive(self.clock)
 
     def _step(self, step: Step) -> Process:
         """One step of any kind, the decoders taking part as one."""
@@ -252,6 +301,8 @@ class Server:
         if finished or end >= self.horizon():
             yield self.env.timeout_at(end, self.priority)
         self.clock = end
+        if end >= self.next_arrival:
+            self._arrive(end)
         for request in finished:
             running.finish(request, end)
         running.log_step(start, duration)
@@ -266,6 +317,9 @@ class Server:
         else:  # nobody joins a padded batch, which holds its rows to its last member's finish
             horizon = math.inf
             last = decoders.next_finish() if self.finish_seen_elsewhere else running.batch_last_step
+        seen = horizon  # the clock's next event: what a timeout is waited for
+        if self.next_arrival < horizon and running.batch is None:  # a fed server's next request joins then
+            horizon = self.next_arrival
         if wake_at is not None:
             horizon = min(horizon, wake_at)
         shape = running.decode_shape()
@@ -277,6 +331,8 @@ class Server:
                 self.stretch_kv = (plan.ends, plan.used) if plan.growing else None
                 yield self.env.timeout_at(plan.end, self.priority)
                 self.stretch_kv = None
+            if plan.end >= self.next_arrival:
+                self._arrive(plan.end)
             running.run_decoders(plan.start, plan.durations, plan.ends, plan.used, submitted)
             self.clock = plan.end
             self.submitted = None
@@ -289,9 +345,11 @@ class Server:
             return
         running.take_decoders()
         finished = running.advance(end)
-        if finished or end >= (horizon if running.batch is None and wake_at is None else self.horizon()):  # read once
+        if finished or end >= (seen if running.batch is None and wake_at is None else self.horizon()):  # read once
             yield self.env.timeout_at(end, self.priority)
         self.clock = end
+        if end >= self.next_arrival:
+            self._arrive(end)
         for request in finished:
             running.finish(request, end)
         running.log_step(start, first)
@@ -300,5 +358,7 @@ class Server:
         """After the clock stopped: bring every request still decoding up to date, and end the
         server's process (its generator refers to the server: a cycle that reference counting
         cannot free, and that a compiled generator keeps whole until a full collection)."""
+        if self.next_arrival < math.inf:  # a fed server's arrivals before the time limit stopped the clock
+            self._arrive(self.due[-1])
         self.running_set.make_explicit()
         self._serving.close()

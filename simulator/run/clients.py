@@ -24,7 +24,7 @@ import numpy as np
 
 from simulator.engine.clock import Clock
 from simulator.engine.request import Request, RequestColumns
-from simulator.engine.server import Process
+from simulator.engine.server import Process, Server
 from simulator.run.sessions import SessionClients
 from workloads import Workload
 from workloads.prefixes import OUTPUT, Content, request_content
@@ -99,7 +99,10 @@ class OpenLoop:
         self.on_finish: Callable[[Request, float], None] | None = None
 
     def start(self, entry: Entry) -> None:
-        self.env.process(self._arrive(entry))
+        if isinstance(entry, Server):  # alone, it takes the requests as its clock passes their arrivals
+            entry.feed(self.arrivals, self.requests.make)
+        else:
+            self.env.process(self._arrive(entry))
 
     def _arrive(self, entry: Entry) -> Process:
         env, make, submit = self.env, self.requests.make, entry.submit
