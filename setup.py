@@ -21,6 +21,8 @@ from setuptools import setup
 from setuptools.command.build_ext import build_ext
 
 COMPILED = [
+    "simulator/cost/contract.py",
+    "simulator/cost/roofline.py",
     "simulator/engine/blocks.py",
     "simulator/engine/decoders.py",
     "simulator/engine/kv.py",
@@ -33,6 +35,7 @@ COMPILED = [
     "simulator/engine/step.py",
     "simulator/engine/steplog.py",
     "simulator/engine/stretch.py",
+    "simulator/run/clients.py",
     "policies/chunked.py",
     "policies/continuous.py",
     "policies/inflight.py",
