@@ -4,21 +4,24 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
-from dataclasses import dataclass, fields
-from operator import attrgetter
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import numpy as np
 
 
-@dataclass(eq=False, slots=True)
+@dataclass(eq=False, slots=True, init=False)
 class Request:
     """There are no phases: `computed` catches up with `prompt_tokens + emitted`, and the step that
     closes the gap emits one token. A decoding request is one whose gap is a single token.
 
     While a request is one of the engine's decoders (`simulator.engine.decoders`), its `computed`
     and `emitted` are brought up to date only when it leaves them; policies never see it in
-    between."""
+    between.
+
+    Made with its lengths (and priority, prefix identity); every other field starts at its default.
+    The `__init__` is written out: the one `dataclass` generates is interpreted Python, which a
+    compiled build (setup.py) would call for every request."""
 
     id: int
     arrival: float
@@ -65,6 +68,22 @@ class Request:
     # verify steps, drawn at its first, and how many verify steps it has taken.
     accepted_draws: bytes | None = None
     verify_steps: int = 0
+
+    def __init__(self, id: int, arrival: float, prompt_tokens: int, output_tokens: int, priority: int = 0,
+                 content: tuple[tuple[int, int], ...] | None = None) -> None:
+        self.id, self.arrival, self.prompt_tokens, self.output_tokens = id, arrival, prompt_tokens, output_tokens
+        self.priority, self.content = priority, content
+        self.computed = self.emitted = 0
+        self.scheduled = self.first_token = self.finish = math.nan
+        self.preemptions = self.blocks = self.reserved_tokens = 0
+        self.admitted = -1
+        self.cached_tokens = self.cached_tokens_host = 0
+        self.block_keys = None
+        self.held_runs = None
+        self.hit_blocks = self.hit_in_use = self.host_loaded = self.host_end = 0
+        self.decode_key = self.decode_epoch = self.decode_since = 0
+        self.accepted_draws = None
+        self.verify_steps = 0
 
     @property
     def num_pending(self) -> int:
@@ -128,11 +147,17 @@ class RequestColumns:
 
     @classmethod
     def from_requests(cls, requests: list[Request]) -> RequestColumns:
-        """One pass over the requests per field, straight into its array (no intermediate rows)."""
-        n = len(requests)
-        return cls(*(np.fromiter(map(attrgetter(f.name), requests), np.int64 if f.name in INT_FIELDS else np.float64, n)
-                     for f in fields(cls)))
-
-
-INT_FIELDS = frozenset({"prompt_tokens", "output_tokens", "emitted", "preemptions", "priority", "cached_tokens",
-                        "cached_tokens_host"})
+        """One list per field, read attribute by attribute (native reads in a compiled build), then
+        its array."""
+        f8, i8 = np.float64, np.int64
+        return cls(np.array([r.arrival for r in requests], f8),
+                   np.array([r.prompt_tokens for r in requests], i8),
+                   np.array([r.output_tokens for r in requests], i8),
+                   np.array([r.emitted for r in requests], i8),
+                   np.array([r.scheduled for r in requests], f8),
+                   np.array([r.first_token for r in requests], f8),
+                   np.array([r.finish for r in requests], f8),
+                   np.array([r.preemptions for r in requests], i8),
+                   np.array([r.priority for r in requests], i8),
+                   np.array([r.cached_tokens for r in requests], i8),
+                   np.array([r.cached_tokens_host for r in requests], i8))

@@ -43,7 +43,7 @@ say when to look again through `wake_at`.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Literal, Protocol
 
 from mypy_extensions import mypyc_attr
@@ -68,16 +68,21 @@ class PaddedBatch:
     reserve_tokens: int
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, init=False)
 class Step:
     """One forward pass as a policy plans it (see the module docstring); the engine only reads it.
     Not frozen: a policy builds one or two every step, and a frozen dataclass costs twice as much
-    to build."""
+    to build. (Its `__init__` is written out, as `Request`'s is.)"""
 
-    tokens: dict[Request, int] = field(default_factory=dict)
-    decode: bool = False
-    batch: PaddedBatch | None = None
-    wake_at: float | None = None
+    tokens: dict[Request, int]
+    decode: bool
+    batch: PaddedBatch | None
+    wake_at: float | None
+
+    def __init__(self, tokens: dict[Request, int] | None = None, decode: bool = False,
+                 batch: PaddedBatch | None = None, wake_at: float | None = None) -> None:
+        self.tokens = {} if tokens is None else tokens
+        self.decode, self.batch, self.wake_at = decode, batch, wake_at
 
 
 class WaitingQueue(Protocol):

@@ -30,10 +30,10 @@ RUN_MIN, RUN_MAX = 32, 4096
 """Stretches at least this long are priced as arrays, at most this many steps at a time."""
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, init=False)
 class Stretch:
     """k decode-only steps from `start`, priced, which the server waits for as one and the running
-    set then commits (`RunningSet.run_decoders`)."""
+    set then commits (`RunningSet.run_decoders`). (Its `__init__` is written out, as `Request`'s is.)"""
 
     start: float
     durations: Any
@@ -50,6 +50,11 @@ class Stretch:
     """How many steps it is."""
     end: float
     """Its last step's end (s)."""
+
+    def __init__(self, start: float, durations: Any, ends: Any, used: Any, growing: bool, crossing: float | None,
+                 k: int, end: float) -> None:
+        self.start, self.durations, self.ends, self.used = start, durations, ends, used
+        self.growing, self.crossing, self.k, self.end = growing, crossing, k, end
 
 
 def step_ends(start: float, durations: np.ndarray) -> np.ndarray:
