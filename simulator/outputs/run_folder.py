@@ -86,7 +86,7 @@ def write_parquet(frame: pl.DataFrame, path: Path, metadata: dict[str, Any],
     not at all; `progress` is called with the rows written so far (the file is pq.write_table's)."""
     table = frame.to_arrow()
     table = table.replace_schema_metadata(parquet_metadata(metadata))
-    with atomic_file(path) as partial, pq.ParquetWriter(partial, table.schema) as writer:
+    with atomic_file(path) as partial, pq.ParquetWriter(partial, table.schema, use_dictionary=False) as writer:
         for offset in range(0, max(table.num_rows, 1), ROW_GROUP_ROWS):
             writer.write_table(table.slice(offset, ROW_GROUP_ROWS), row_group_size=ROW_GROUP_ROWS)
             if progress is not None:
