@@ -56,8 +56,11 @@ class PriorityQueue:
         self._requests: dict[int, Request] = {}
 
     def __iter__(self) -> Iterator[Request]:
+        # A generator function, not a generator expression: mypyc builds a generator expression's
+        # whole list up front, and a policy reads only the head of a long queue.
         requests = self._requests
-        return (requests[-key[2]] for key in reversed(self._keys))
+        for key in reversed(self._keys):
+            yield requests[-key[2]]
 
     def __len__(self) -> int:
         return len(self._keys)

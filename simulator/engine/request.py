@@ -143,7 +143,8 @@ class RequestColumns:
                              int(self.cached_tokens[i]), int(self.cached_tokens_host[i]))
 
     def __iter__(self) -> Iterator[RequestRecord]:
-        return (self[i] for i in range(len(self)))
+        for i in range(len(self)):
+            yield self[i]
 
     @classmethod
     def from_requests(cls, requests: list[Request]) -> RequestColumns:
