@@ -17,9 +17,12 @@ import numpy as np
 import polars as pl
 import pytest
 from helpers import UnitCost
+from hypothesis import given
+from hypothesis import strategies as st
 
 import policies
 from simulator.config import RunConfig
+from simulator.cost.contract import StepShape, causal_pairs, decode_shape
 from simulator.engine.clock import Clock
 from simulator.engine.request import Request, RequestColumns
 from simulator.engine.step import Policy, Step
@@ -153,6 +156,24 @@ def test_a_new_request_starts_at_each_declared_default() -> None:
     first, second = Step(), Step()
     assert first.tokens == {} and first.tokens is not second.tokens
     assert (first.decode, first.batch, first.wake_at) == (False, None, None)
+
+
+@given(st.integers(0, 4096), st.integers(0, 10**7),
+       st.lists(st.tuples(st.integers(1, 8192), st.integers(1, 10**6)), max_size=8), st.integers(0, 8))
+def test_the_shapes_built_from_their_fields_are_the_named_tuples(rows: int, context: int,
+                                                                  chunks: list[tuple[int, int]], spec: int) -> None:
+    # decode_shape and from_rows build the tuple from all its fields (contract.py): the same values,
+    # type and defaults as the keyword-built named tuple.
+    assert decode_shape(rows, context) == StepShape(num_seqs=rows, decode_seqs=rows, decode_context=context)
+    assert type(decode_shape(rows, context)) is StepShape
+    shape = StepShape.from_rows(chunks, rows, context, spec)
+    prefill = [(n, c) for n, c in chunks if n != 1]
+    single = [c for n, c in chunks if n == 1]
+    assert type(shape) is StepShape and shape == StepShape(
+        num_seqs=rows + len(chunks), decode_seqs=rows + len(single), decode_context=context + sum(single),
+        prefill_seqs=len(prefill), prefill_tokens=sum(n for n, _ in prefill),
+        prefill_context=sum(c for _, c in prefill), prefill_pairs=sum(causal_pairs(n, c) for n, c in prefill),
+        spec_tokens=spec)
 
 
 def test_request_columns_are_each_requests_fields() -> None:

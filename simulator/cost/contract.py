@@ -56,9 +56,18 @@ class StepShape(NamedTuple):
                 prefill_tokens += new
                 prefill_context += context
                 prefill_pairs += causal_pairs(new, context)
-        # Positional (the fields in order): a named tuple is built more slowly from keywords.
-        return cls(decode_seqs + prefill_seqs, decode_seqs, decode_context, prefill_seqs, prefill_tokens,
-                   prefill_context, prefill_pairs, spec_tokens)
+        return _new_shape(cls, (decode_seqs + prefill_seqs, decode_seqs, decode_context, prefill_seqs,
+                                prefill_tokens, prefill_context, prefill_pairs, spec_tokens))
+
+
+_new_shape = tuple.__new__
+"""A named tuple from all its fields in order, without the interpreted `__new__` that `StepShape(...)`
+goes through (a compiled build, setup.py, calls it a few times a step)."""
+
+
+def decode_shape(rows: int, context: int) -> StepShape:
+    """A step of `rows` single-token rows whose contexts sum to `context`: `StepShape(rows, rows, context)`."""
+    return _new_shape(StepShape, (rows, rows, context, 0, 0, 0, 0.0, 0))
 
 
 def causal_pairs(new_tokens: float, context: float) -> float:

@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 
 from simulator.cost import StepShape
+from simulator.cost.contract import decode_shape
 from simulator.engine.decoders import Decoders
 from simulator.engine.kv import KVBlocks
 from simulator.engine.queues import AdmissionOrder, FcfsQueue, PriorityQueue
@@ -101,9 +102,9 @@ class RunningSet:
         """A step of the decoders alone: one row each, or every row of a padded batch at its length."""
         if self.batch is None:
             decoders = self.decoders
-            return StepShape(decoders.count, decoders.count, decoders.decode_context)
+            return decode_shape(decoders.count, decoders.decode_context)
         rows = len(self.batch_rows)
-        return StepShape(rows, rows, rows * (self.batch.prompt_len + 1 + self.decoders.steps - self.batch_since))
+        return decode_shape(rows, rows * (self.batch.prompt_len + 1 + self.decoders.steps - self.batch_since))
 
     # -- a general step ------------------------------------------------------------------------------
     def take(self, step: Step, now: float) -> StepShape:

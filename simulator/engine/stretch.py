@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from simulator.cost import CostModel, StepShape
+from simulator.cost.contract import decode_shape
 from simulator.engine.running import RunningSet
 
 RUN_MIN, RUN_MAX = 32, 4096
@@ -115,7 +116,7 @@ def _scalar(running: RunningSet, cost: CostModel, start: float, shape: StepShape
         need = blocks_needed(j) if growing else 0
         if total + need > free:
             break
-        duration = first if j == 0 else step_time(StepShape(rows, rows, context0 + rows * j))
+        duration = first if j == 0 else step_time(decode_shape(rows, context0 + rows * j))
         end = t + duration
         if end >= limit:
             return durations, ends, used, end
