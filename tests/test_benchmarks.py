@@ -82,3 +82,25 @@ def test_fleet_benchmark_runs_its_fleet() -> None:
     single = fleet_run("chunked", 8.0, 100, 1, 0, "round-robin")
     assert fleet["completed"] == 400 and single["completed"] == 100
     assert fleet["steps"] > 3 * single["steps"]
+
+
+def test_the_parquet_benchmark_marks_the_way_a_run_folder_is_written(tmp_path: Path) -> None:
+    # benchmarks/parquet_formats.py marks one way per table as `simulate run`'s: the files a run
+    # writes must be written that way (read from each file's own column-chunk metadata).
+    import pyarrow.parquet as pq
+    from click.testing import CliRunner
+
+    from benchmarks.parquet_formats import OURS, WAYS
+    from simulator.cli.main import main
+
+    out = tmp_path / "run"
+    result = CliRunner().invoke(main, ["--num-prompts", "20", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    for name, way in OURS.items():
+        options = WAYS[way]
+        meta = pq.ParquetFile(out / f"{name}.parquet").metadata
+        for i in range(meta.num_columns):
+            chunk = meta.row_group(0).column(i)
+            assert chunk.compression == str(options.get("compression", "snappy")).upper(), (name, i)
+            dictionary = any("DICTIONARY" in encoding for encoding in chunk.encodings)
+            assert dictionary == options.get("use_dictionary", True), (name, chunk.encodings)
