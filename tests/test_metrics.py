@@ -114,3 +114,15 @@ def test_itl_histogram_is_the_tokens_tables_gaps(policy: str, data: st.DataObjec
     gaps = tokens.select(pl.col("time").diff().over("request_id").alias("gap"))["gap"].drop_nulls().to_numpy()
     assert np.array_equal(np.repeat(values, counts), np.sort(gaps))
     assert (np.diff(values) > 0).all()
+
+
+def test_a_run_that_queried_no_prefix_cache_has_zero_cache_columns() -> None:
+    # Without prefix identity no admission queries the cache: every step's queried and hit tokens
+    # are 0 and the hit rate so far is undefined (null), in the table's usual types.
+    result = simulate(RunConfig(num_requests=60, rate=12.0, policy="chunked"))
+    steps = build_tables(result, tokens=False).steps
+    assert steps.height == len(result.log) > 0
+    for name in ("prefix_cache_queried_tokens", "prefix_cache_hit_tokens", "prefix_cache_host_hit_tokens"):
+        assert steps[name].dtype == pl.Int64 and steps[name].to_list() == [0] * steps.height
+    assert steps["prefix_cache_hit_rate"].dtype == pl.Float64
+    assert steps["prefix_cache_hit_rate"].null_count() == steps.height

@@ -83,6 +83,10 @@ def prefix_cache_columns(log: StepLog) -> dict[str, np.ndarray]:
     them, loaded from the host tier); and the hit rate so far (hits / queries up to that step, NaN
     before the first query), as vLLM's prefix-cache hit rate."""
     steps = log.column("cache_step")
+    if not len(steps):  # no admission queried the cache (none kept): the same columns, built directly
+        n = len(log)
+        return {"prefix_cache_queried_tokens": np.zeros(n, np.int64), "prefix_cache_hit_tokens": np.zeros(n, np.int64),
+                "prefix_cache_host_hit_tokens": np.zeros(n, np.int64), "prefix_cache_hit_rate": np.full(n, np.nan)}
     queried = np.bincount(steps, weights=log.column("cache_queried"), minlength=len(log)).astype(np.int64)
     hit = np.bincount(steps, weights=log.column("cache_hit"), minlength=len(log)).astype(np.int64)
     host_hit = np.bincount(steps, weights=log.column("cache_host_hit"), minlength=len(log)).astype(np.int64)
