@@ -78,3 +78,17 @@ def test_the_benchmarks_import_phase_imports_the_run_verb_and_stops_before_simul
     assert code == 2 and {"simulator.cli.run_command", "simulator.run.simulate", "simulator.metrics.summary"} <= modules
     for case in CASES:  # each process ends as the benchmark expects, or time_once raises
         assert time_once(ROOT, case) > 0
+
+
+def test_a_verbs_imports_are_frozen_and_the_collector_left_on(tmp_path: Path) -> None:
+    # The first import of a verb's module runs with the collector paused and then freezes what the
+    # process holds (simulator.cli.main.import_settled): later full collections skip those objects.
+    script = ("import gc, json, sys; from simulator.cli.main import run; before = gc.get_freeze_count(); "
+              "codes = []; run(sys.argv[1:], exit=codes.append); "
+              "print(json.dumps([codes, before, gc.get_freeze_count(), gc.isenabled()]))")
+    done = subprocess.run([sys.executable, "-c", script, "--num-prompts", "3", "--no-tokens", "--quiet",
+                           "--out", str(tmp_path / "run")], capture_output=True, text=True, cwd=tmp_path, check=True,
+                          env=os.environ | {"PYTHONPATH": str(ROOT)})
+    codes, before, after, enabled = json.loads(done.stdout.splitlines()[-1])
+    assert codes in ([], [0]) and before == 0 and enabled
+    assert after > 50_000  # numpy, polars, pyarrow and the simulator's modules
