@@ -3,10 +3,12 @@ policy behaves as vLLM's, and the tokens table streams in bounded chunks."""
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import gc
 import importlib.util
 import math
+import pickle
 import re
 import sys
 from collections.abc import Sequence
@@ -153,6 +155,12 @@ def test_a_new_request_starts_at_each_declared_default() -> None:
         value = getattr(request, f.name)
         expected = given.get(f.name, f.default)
         assert value == expected or (math.isnan(expected) and math.isnan(value)), f.name
+    # Copied and pickled whole (a compiled class makes the object through its __init__ first).
+    request.block_keys = [1, 2]
+    for copied in (copy.deepcopy(request), pickle.loads(pickle.dumps(request))):
+        assert all(getattr(copied, f.name) == getattr(request, f.name) or f.name in ("scheduled", "first_token",
+                   "finish") for f in dataclasses.fields(Request))
+        assert copied.block_keys == [1, 2] and copied.block_keys is not request.block_keys
     first, second = Step(), Step()
     assert first.tokens == {} and first.tokens is not second.tokens
     assert (first.decode, first.batch, first.wake_at) == (False, None, None)

@@ -69,8 +69,10 @@ class Request:
     accepted_draws: bytes | None = None
     verify_steps: int = 0
 
-    def __init__(self, id: int, arrival: float, prompt_tokens: int, output_tokens: int, priority: int = 0,
-                 content: tuple[tuple[int, int], ...] | None = None) -> None:
+    def __init__(self, id: int = 0, arrival: float = 0.0, prompt_tokens: int = 0, output_tokens: int = 0,
+                 priority: int = 0, content: tuple[tuple[int, int], ...] | None = None) -> None:
+        # Defaults for every argument: copy and pickle make the object empty first, and a compiled
+        # class's construction runs this __init__ then.
         self.id, self.arrival, self.prompt_tokens, self.output_tokens = id, arrival, prompt_tokens, output_tokens
         self.priority, self.content = priority, content
         self.computed = self.emitted = 0

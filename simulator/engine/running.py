@@ -36,8 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from simulator.cost import StepShape
-from simulator.cost.contract import decode_shape
+from simulator.cost.contract import StepShape, decode_shape
 from simulator.engine.decoders import Decoders
 from simulator.engine.kv import KVBlocks
 from simulator.engine.queues import AdmissionOrder, FcfsQueue, PriorityQueue
