@@ -14,7 +14,7 @@ from test_properties import SETTINGS, cases
 
 from simulator.config import RunConfig
 from simulator.errors import InputError
-from simulator.metrics.summary import build_tables, describe, summarize
+from simulator.metrics.summary import build_tables, describe, median, summarize
 from simulator.metrics.tokens import itl_histogram, tokens_table
 from simulator.run.simulate import simulate
 from workloads import Workload
@@ -53,6 +53,15 @@ def test_describe_uses_linear_percentiles_and_population_std() -> None:
     assert stats["p25"] == pytest.approx(1.75)
     assert stats["p99.9"] == pytest.approx(3 + 7 * 0.997)
     assert describe(np.array([]), (50.0,))["p50"] is None
+    assert describe(values, (50.0,))["median"] == 2.5  # the mean of the middle two
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.floats(-1e300, 1e300), min_size=1, max_size=40))
+def test_median_is_numpys_to_the_bit(values: list[float]) -> None:
+    """The summary's median (which spares a run numpy's masked-array module) is np.median's."""
+    sample = np.array(values)
+    assert median(sample) == float(np.median(sample))
 
 
 def overload_state(rate: float) -> object:

@@ -2,11 +2,20 @@
 
 from __future__ import annotations
 
+import math
 import os
+import tempfile
 from pathlib import Path
 
+import numpy as np
+import polars as pl
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from test_cli import simulate_cli
+
+from simulator.metrics.tables import Columns
+from simulator.outputs.run_folder import write_parquet
 
 SMALL = ["--num-requests", "20", "--input-len", "200", "--output-len", "10"]
 
@@ -45,3 +54,26 @@ def test_batch_table_writes_into_a_folder_yet_to_be_made(tmp_path: Path, capsys:
     code, _, err = simulate_cli(["batch-table", "--batch", "1,8", "--out", str(out), "--plot", str(page)], capsys)
     assert code == 0, err
     assert out.is_file() and page.is_file()
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.tuples(st.integers(-5, 5), st.floats(allow_infinity=False) | st.just(math.nan), st.booleans()),
+                max_size=30))
+def test_numpy_columns_write_the_file_polars_writes(rows: list[tuple[int, float, bool]]) -> None:
+    """A run's tables stay numpy columns (NaN for null in a nullable column) and are written without
+    polars: the frame they stand for, and the Parquet bytes, equal those of polars' own frame."""
+    ints = np.array([r[0] for r in rows], dtype=np.int64)
+    floats = np.array([r[1] for r in rows], dtype=np.float64)
+    flags = np.array([r[2] for r in rows], dtype=bool)
+    columns = Columns({"n": ints, "x": floats, "y": floats.copy(), "ok": flags}, nullable=frozenset({"x"}))
+    polars_frame = pl.DataFrame({"n": ints, "x": floats, "y": floats, "ok": flags}).with_columns(
+        pl.col("x").fill_nan(None))
+    assert columns.frame().equals(polars_frame, null_equal=True)
+    assert columns.frame()["x"].null_count() == int(np.isnan(floats).sum())
+    back = Columns.of_frame(polars_frame)
+    assert np.array_equal(back["x"], floats, equal_nan=True) and back.nullable == ({"x"} if np.isnan(floats).any()
+                                                                                     else set())
+    with tempfile.TemporaryDirectory() as folder:
+        write_parquet(columns, Path(folder) / "a.parquet", {"run": 1})
+        write_parquet(polars_frame, Path(folder) / "b.parquet", {"run": 1})
+        assert (Path(folder) / "a.parquet").read_bytes() == (Path(folder) / "b.parquet").read_bytes()

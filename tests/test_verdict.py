@@ -22,7 +22,7 @@ SEEDS = range(1000, 1020)
 
 def verdict(**settings: Any) -> bool | None:
     result = simulate(RunConfig(**settings))
-    kept_up = load_state(result, build_tables(result, tokens=False).steps)["kept_up"]
+    kept_up = load_state(result, build_tables(result, tokens=False).columns("steps"))["kept_up"]
     assert kept_up in (True, False, None)
     return bool(kept_up) if kept_up is not None else None
 

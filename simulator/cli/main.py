@@ -8,7 +8,6 @@ with one line and exit status 1, never a traceback.
 
 from __future__ import annotations
 
-import ast
 import difflib
 import gc
 import importlib
@@ -41,6 +40,8 @@ VERBS = {
 
 def docstring(target: str) -> str:
     """The docstring of the function at "module:function", read from its source without importing the module."""
+    import ast  # here: only the command list needs it, and a run is faster without its import
+
     module, function = target.split(":")
     spec = importlib.util.find_spec(module)
     assert spec is not None and spec.origin is not None, module

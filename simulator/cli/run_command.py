@@ -275,7 +275,7 @@ def run_command(percentiles: str, percentile_metrics: str, goodput: tuple[str, .
     label = f"{config.policy}-rate{config.rate:g}" if config.rate is not None else config.policy
     out = out or default_run_dir(RESULTS_DIR, label)
     settings_dict = config.to_dict() | {"kv_blocks": result.kv_blocks}
-    written: dict[str, Any] = {"requests": tables.requests, "steps": tables.steps}
+    written: dict[str, Any] = {"requests": tables.table("requests"), "steps": tables.table("steps")}
     if tokens:
         written["tokens"] = TokensTable(result.log)
     write_run(out, written, summary, settings_dict, progress=progress)

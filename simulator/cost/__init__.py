@@ -9,14 +9,12 @@ interpolated (`curves`, `gemm`, `moe`); `parallel` prices tensor parallelism's a
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import replace
-from typing import Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from simulator.cost.contract import CostModel, StepShape, causal_pairs
 from simulator.cost.curves import BatchCurves, Curve
-from simulator.cost.gemm import GemmTable, attention_rows
-from simulator.cost.measured import MeasuredCost, MeasuredTables, build_tables, measured_cost
-from simulator.cost.moe import MoeTable
 from simulator.cost.operators import elementwise_ops
 from simulator.cost.parallel import AllReduce
 from simulator.cost.roofline import RooflineCost
@@ -24,6 +22,16 @@ from simulator.cost.speculative import SpeculativeCost
 from simulator.deploy.hardware import GpuSpec, load_profile, profile_dir
 from simulator.deploy.model import ModelSpec, draft_model
 from simulator.deploy.spec import check_data_parallel
+
+if TYPE_CHECKING:
+    from simulator.cost.gemm import GemmTable, attention_rows
+    from simulator.cost.measured import MeasuredCost, MeasuredTables, build_tables, measured_cost
+    from simulator.cost.moe import MoeTable
+
+# The measured model's modules (and polars, which reads its tables) load on first use: a roofline run
+# never needs them.
+LAZY = {"GemmTable": "gemm", "attention_rows": "gemm", "MeasuredCost": "measured", "MeasuredTables": "measured",
+        "build_tables": "measured", "measured_cost": "measured", "MoeTable": "moe"}
 
 COST_MODELS = ("measured", "roofline")
 __all__ = ["COST_MODELS", "AllReduce", "BatchCurves", "CostModel", "CostSettings", "Curve", "GemmTable",
@@ -71,7 +79,10 @@ def build_cost_model(config: CostSettings, model: ModelSpec, gpu: GpuSpec) -> Co
     if drafter is not None:  # its passes run inside the step: no host overhead of their own
         quiet = replace(gpu, step_overhead=0.0, per_sequence_overhead=0.0, per_token_overhead=0.0)
         draft = _cost_model(config, drafter, quiet)
-        if isinstance(draft, MeasuredCost):
+        if config.cost == "measured":
+            from simulator.cost.measured import MeasuredCost
+
+            assert isinstance(draft, MeasuredCost)
             draft = MeasuredCost(replace(draft.tables, gpu=quiet, step_overhead=0.0))
     return SpeculativeCost(target, draft, config.num_speculative_tokens)
 
@@ -86,4 +97,12 @@ def _cost_model(config: CostSettings, model: ModelSpec, gpu: GpuSpec) -> CostMod
         if tp > 1 and (profile_dir(config.gpu) / "profile.json").exists():
             all_reduce = AllReduce(tp, gpu, load_profile(config.gpu).tables["collectives"])
         return RooflineCost(deployed, gpu, tp, all_reduce, ep, dp)
+    from simulator.cost.measured import measured_cost
+
     return measured_cost(deployed, config.gpu, tp, ep, dp)
+
+
+def __getattr__(name: str) -> Any:
+    if name in LAZY:
+        return getattr(importlib.import_module(f"simulator.cost.{LAZY[name]}"), name)
+    raise AttributeError(f"module 'simulator.cost' has no attribute {name!r}")

@@ -9,10 +9,12 @@ from bisect import bisect_right
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-
-import polars as pl
+from typing import TYPE_CHECKING
 
 from simulator.errors import InputError
+
+if TYPE_CHECKING:
+    import polars as pl
 
 
 def _lookup(x: float, xs: Sequence[float], ys: Sequence[float]) -> float:
@@ -36,6 +38,8 @@ class Curve:
 
     @classmethod
     def from_points(cls, name: str, xs: Iterable[float], ys: Iterable[float]) -> Curve:
+        import polars as pl  # here: a roofline run never loads it
+
         frame = pl.DataFrame({"x": list(xs), "y": list(ys)}, schema={"x": pl.Float64, "y": pl.Float64})
         frame = frame.group_by("x").agg(pl.col("y").median()).sort("x")
         if frame.height == 0:
@@ -66,6 +70,8 @@ class BatchCurves:
 
     @classmethod
     def from_frame(cls, name: str, frame: pl.DataFrame, x: str) -> BatchCurves:
+        import polars as pl
+
         batches = sorted(frame["batch_size"].unique().to_list())
         if not batches:
             raise InputError(f"profile has no measured points for {name}")

@@ -7,12 +7,14 @@ The shards themselves (which heads, columns and vocabulary rows a GPU holds) are
 from __future__ import annotations
 
 from collections import Counter
-
-import polars as pl
+from typing import TYPE_CHECKING
 
 from simulator.cost.curves import Curve
 from simulator.deploy.hardware import GpuSpec
 from simulator.errors import InputError
+
+if TYPE_CHECKING:
+    import polars as pl
 
 
 class AllReduce:
@@ -31,6 +33,8 @@ class AllReduce:
         """What stood in for measurements, if anything."""
         rows = None
         if collectives is not None:
+            import polars as pl  # the profile's tables are polars frames: it is loaded
+
             rows = collectives.filter((pl.col("op") == "all_reduce") & (pl.col("num_gpus") == num_gpus))
         if rows is None or rows.height == 0:
             self.note = (f"no all-reduce measured on {num_gpus} GPUs: a ring all-reduce at "

@@ -12,13 +12,14 @@ import json
 from dataclasses import MISSING, dataclass, fields
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
-
-import polars as pl
+from typing import TYPE_CHECKING, Any
 
 from simulator.deploy.hf_config import read_json
 from simulator.deploy.model import DTYPE_BYTES, ModelSpec
 from simulator.errors import InputError, clip
+
+if TYPE_CHECKING:
+    import polars as pl
 
 PROFILES_DIR = Path(__file__).resolve().parents[2] / "calibration" / "profiles"
 
@@ -219,6 +220,8 @@ MAX_LATENCY = 3600.0
 def _read_table(path: Path, columns: tuple[str, ...]) -> pl.DataFrame:
     """A profile table's columns, each of its type (text, a latency in seconds, an integer size),
     without gaps and in its range; a bad value is refused naming its 1-based row."""
+    import polars as pl
+
     try:
         table = pl.read_parquet(path)
     except (OSError, pl.exceptions.PolarsError) as exc:
@@ -233,6 +236,8 @@ def _read_table(path: Path, columns: tuple[str, ...]) -> pl.DataFrame:
 
 
 def _check_column(column: pl.Series, path: Path) -> None:
+    import polars as pl
+
     name = column.name
     if name in TEXT_COLUMNS:
         expected, fits = "text", column.dtype == pl.String

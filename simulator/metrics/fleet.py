@@ -4,14 +4,16 @@ per server beside the fleet's totals (the summary's own figures). For P/D, each 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import polars as pl
 
 from simulator.fleet.engine import FleetResult
 from simulator.metrics.tables import Tables
 from simulator.run.result import RunResult
+
+if TYPE_CHECKING:
+    import polars as pl
 
 
 def fleet_columns(fleet: FleetResult, requests: pl.DataFrame, steps: pl.DataFrame
@@ -19,6 +21,8 @@ def fleet_columns(fleet: FleetResult, requests: pl.DataFrame, steps: pl.DataFram
     """requests gain `replica` (or `prefill_server`, `decode_server`, `prefill_end`,
     `transfer_start`, `transfer_end`; -1 and null where it did not happen), steps gain `server`,
     and their prefix-cache hit rate so far is each server's."""
+    import polars as pl
+
     columns = [pl.Series(name, values).fill_nan(None) if values.dtype.kind == "f" else pl.Series(name, values)
                for name, values in fleet.request_columns.items()]
     steps = steps.with_columns(pl.Series("server", fleet.step_server))
@@ -42,6 +46,8 @@ def server_summaries(result: RunResult, tables: Tables, duration: float) -> list
     """Per server: its role, the requests routed to it and finished there, its output tokens and
     throughput over the fleet's duration, its busy share, and its requests' TTFT and TPOT (a decode
     server's: of those it decoded); for P/D the transfers it sent or received."""
+    import polars as pl
+
     assert result.fleet is not None
     fleet, requests, steps = result.fleet, tables.requests, tables.steps
     column = "replica" if "replica" in requests.columns else None

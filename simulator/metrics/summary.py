@@ -10,16 +10,18 @@ finished requests as mean, median, population std and numpy's linear percentiles
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import polars as pl
 
 from simulator.engine.steplog import StepLog
 from simulator.metrics.fleet import fleet_columns, fleet_totals, server_summaries
-from simulator.metrics.tables import Tables
-from simulator.metrics.tokens import describe_histogram, itl_histogram, tokens_table
+from simulator.metrics.tables import Columns, Tables
+from simulator.metrics.tokens import describe_histogram, empty_tokens, itl_histogram, tokens_table
 from simulator.run.result import RunResult
+
+if TYPE_CHECKING:
+    import polars as pl
 
 LATENCIES = ("ttft", "tpot", "itl", "e2el", "queue")
 # The overload verdict (`load_state`): growth of the requests in the system that is material (this
@@ -35,16 +37,19 @@ NOISE_POINTS = 400
 their spread and how long they stay correlated."""
 
 
+REQUEST_NULLABLE = frozenset({"scheduled", "first_token", "finish", "ttft", "tpot", "e2el", "queue"})
+"""The requests table's columns that are null for a request that never got that far."""
+
+
 def build_tables(result: RunResult, tokens: bool = True) -> Tables:
     """The run's requests, tokens and steps tables; `tokens=False` leaves the (large) tokens table
     empty for callers that only want the summary."""
     log = result.log
     columns = ("start", "duration", "num_seqs", "prefill_tokens", "decode_tokens", "padded_tokens",
                "kv_blocks_used", "num_waiting", "num_running", "num_preempted")
-    steps = pl.DataFrame({"step": np.arange(len(log), dtype=np.int64)} | {name: log.column(name) for name in columns}
-                         | prefix_cache_columns(log)).with_columns(pl.col("prefix_cache_hit_rate").fill_nan(None))
-    token_rows = tokens_table(log) if tokens else pl.DataFrame(
-        schema={"request_id": pl.Int64, "index": pl.Int64, "time": pl.Float64})
+    steps = Columns({"step": np.arange(len(log), dtype=np.int64)} | {name: log.column(name) for name in columns}
+                    | prefix_cache_columns(log), nullable=frozenset({"prefix_cache_hit_rate"}))
+    token_rows = tokens_table(log) if tokens else empty_tokens()
 
     reqs = result.requests
     arrival, first_token, finish, output = reqs.arrival, reqs.first_token, reqs.finish, reqs.output_tokens
@@ -52,7 +57,7 @@ def build_tables(result: RunResult, tokens: bool = True) -> Tables:
     ttft = first_token - arrival
     with np.errstate(invalid="ignore", divide="ignore"):
         tpot = np.where(output > 1, (e2el - ttft) / (output - 1), np.nan)
-    requests = pl.DataFrame({
+    requests = Columns({
         "request_id": np.arange(len(reqs), dtype=np.int64),
         "arrival": arrival,
         "prompt_tokens": reqs.prompt_tokens,
@@ -71,10 +76,10 @@ def build_tables(result: RunResult, tokens: bool = True) -> Tables:
         "cached_tokens_gpu": reqs.cached_tokens - reqs.cached_tokens_host,
         "cached_tokens_host": reqs.cached_tokens_host,
         "finished": ~np.isnan(finish),
-    }).with_columns(pl.col(c).fill_nan(None) for c in ("scheduled", "first_token", "finish", "ttft",
-                                                        "tpot", "e2el", "queue"))
+    }, nullable=REQUEST_NULLABLE)
     if result.fleet is not None:
-        requests, steps = fleet_columns(result.fleet, requests, steps)
+        frames = fleet_columns(result.fleet, requests.frame(), steps.frame())
+        return Tables(frames[0], token_rows, frames[1])
     return Tables(requests, token_rows, steps)
 
 
@@ -118,12 +123,22 @@ def speculative_decoding(log: StepLog) -> dict[str, Any]:
             "spec_acceptance_per_position": (reached / drafts).tolist() if drafts else []}
 
 
+def median(values: np.ndarray) -> float:
+    """`np.median` of a sample without NaN, to the bit (the middle value, or the mean of the middle two),
+    without the masked-array module `np.median` imports to check its input is not one."""
+    middle = len(values) // 2
+    if len(values) % 2:
+        return float(np.partition(values, middle)[middle])
+    low, high = np.partition(values, (middle - 1, middle))[middle - 1:middle + 1]
+    return float((low + high) / 2)
+
+
 def describe(values: np.ndarray, percentiles: tuple[float, ...]) -> dict[str, float | None]:
     """Mean, median, population std and linear percentiles; None for an empty sample."""
     if len(values) == 0:
         return dict.fromkeys(["mean", "median", "std", *(f"p{q:g}" for q in percentiles)])
     stats: dict[str, float | None] = {
-        "mean": float(np.mean(values)), "median": float(np.median(values)), "std": float(np.std(values))}
+        "mean": float(np.mean(values)), "median": median(values), "std": float(np.std(values))}
     for q, v in zip(percentiles, np.percentile(values, percentiles, method="linear"), strict=True):
         stats[f"p{q:g}"] = float(v)
     return stats
@@ -138,7 +153,7 @@ def inter_token_latencies(tokens: pl.DataFrame) -> np.ndarray:
     return (times[1:] - times[:-1])[same]
 
 
-def load_state(result: RunResult, steps: pl.DataFrame) -> dict[str, Any]:
+def load_state(result: RunResult, steps: Columns) -> dict[str, Any]:
     """Did the server keep up with an open-loop arrival rate?
 
     Over the second half of the arrival window (past the warm-up, while arrivals still come) the
@@ -160,7 +175,7 @@ def load_state(result: RunResult, steps: pl.DataFrame) -> dict[str, Any]:
     requests = result.requests
     state: dict[str, Any] = {"load": "open loop", "kept_up": None, "utilisation": 0.0, "queue_growth": None,
                              "offered_rate": None}
-    if not len(requests) or steps.is_empty():
+    if not len(requests) or not steps.height:
         return state | {"load": "empty"}
     first = float(requests.arrival[0])
     finishes = requests.finish
@@ -181,7 +196,7 @@ def load_state(result: RunResult, steps: pl.DataFrame) -> dict[str, Any]:
     # The settling time scale: latency of the earliest tenth of requests, before any queue built up.
     early = slice(0, max(1, len(requests) // 10))
     e2el = requests.finish[early] - requests.arrival[early]
-    typical_latency = float(np.nanmedian(e2el)) if not np.isnan(e2el).all() else math.inf
+    typical_latency = median(e2el[~np.isnan(e2el)]) if not np.isnan(e2el).all() else math.inf
     if last_arrival - half < 2 * typical_latency:
         return state
     growth, standard_error = in_system_growth(steps, half, last_arrival, typical_latency)
@@ -197,12 +212,12 @@ def load_state(result: RunResult, steps: pl.DataFrame) -> dict[str, Any]:
     return state
 
 
-def in_system_count(steps: pl.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+def in_system_count(steps: Columns) -> tuple[np.ndarray, np.ndarray]:
     """The requests in the system (waiting + running) as a step function of time: from each instant
     of `times` until the next, `counts`; a fleet's servers (each step counts its own) summed."""
-    counts = (steps["num_waiting"] + steps["num_running"]).to_numpy()
-    starts = steps["start"].to_numpy()
-    servers = steps["server"].to_numpy() if "server" in steps.columns else np.zeros(len(starts), dtype=np.int64)
+    counts = steps["num_waiting"] + steps["num_running"]
+    starts = steps["start"]
+    servers = steps["server"] if "server" in steps.columns else np.zeros(len(starts), dtype=np.int64)
     times = np.unique(starts)
     total = np.zeros(len(times), dtype=np.float64)
     for server in np.unique(servers):
@@ -212,7 +227,7 @@ def in_system_count(steps: pl.DataFrame) -> tuple[np.ndarray, np.ndarray]:
     return times, total
 
 
-def in_system_growth(steps: pl.DataFrame, start: float, end: float, settle: float) -> tuple[float, float]:
+def in_system_growth(steps: Columns, start: float, end: float, settle: float) -> tuple[float, float]:
     """The growth (requests/s) of the requests in the system over [start, end], the slope of its
     time-weighted least-squares line, and that slope's standard error: the spread about the line,
     correlated over the longer of `settle` (s) and the departures' integrated autocorrelation time."""
@@ -254,8 +269,7 @@ def first_token_waits(result: RunResult) -> tuple[float, float, float, float]:
     n = len(wait)
     first = wait[:max(1, n // 10)]
     third_quarter, last_quarter = wait[n // 2:max(3 * n // 4, n // 2 + 1)], wait[3 * n // 4:]
-    return (float(np.median(first)), float(np.percentile(first, 90)), float(np.median(third_quarter)),
-            float(np.median(last_quarter)))
+    return median(first), float(np.percentile(first, 90)), median(third_quarter), median(last_quarter)
 
 
 def load_verdict(kept_up: object, load: object, offered_rate: str, queue_growth: str) -> tuple[str, str] | None:
@@ -289,23 +303,24 @@ def load_verdict(kept_up: object, load: object, offered_rate: str, queue_growth:
 
 def summarize(result: RunResult, tables: Tables) -> dict[str, Any]:
     config = result.config
-    done = tables.requests.filter(pl.col("finished"))
-    num_done = done.height
+    requests, steps = tables.columns("requests"), tables.columns("steps")
+    finished = requests["finished"]
+    num_done = int(finished.sum())
     summary: dict[str, Any] = {
         "num_requests": result.num_requests,
         "arrived": len(result.requests),
         "completed": num_done,
         "unfinished": len(result.requests) - num_done,
-        "preemptions": int(tables.requests["preemptions"].sum()),
-        "num_steps": tables.steps.height,
+        "preemptions": int(requests["preemptions"].sum()),
+        "num_steps": steps.height,
         "kv_blocks": result.kv_blocks,
         "kv_capacity_tokens": result.kv_blocks * config.block_size,
     }
-    queried = int(tables.steps["prefix_cache_queried_tokens"].sum())
+    queried = int(steps["prefix_cache_queried_tokens"].sum())
     summary["prefix_cache_queried_tokens"] = queried
-    summary["prefix_cache_hit_tokens"] = int(tables.steps["prefix_cache_hit_tokens"].sum())
+    summary["prefix_cache_hit_tokens"] = int(steps["prefix_cache_hit_tokens"].sum())
     summary["prefix_cache_hit_rate"] = summary["prefix_cache_hit_tokens"] / queried if queried else math.nan
-    host_hit = int(tables.steps["prefix_cache_host_hit_tokens"].sum())
+    host_hit = int(steps["prefix_cache_host_hit_tokens"].sum())
     summary["prefix_cache_host_hit_tokens"] = host_hit
     gpu_hit = summary["prefix_cache_hit_tokens"] - host_hit
     summary["prefix_cache_hit_rate_gpu"] = gpu_hit / queried if queried else math.nan
@@ -317,9 +332,11 @@ def summarize(result: RunResult, tables: Tables) -> dict[str, Any]:
         loaded = host_hit // config.block_size
         summary["kv_offload_loaded_blocks"] = loaded
         summary["kv_offload_load_time"] = loaded * host.block_bytes / host.bandwidth
+    done = {name: requests[name][finished]
+            for name in ("finish", "prompt_tokens", "output_tokens", "ttft", "tpot", "e2el", "queue")}
     duration = 0.0
     if num_done:
-        duration = float(done["finish"].to_numpy().max() - tables.requests["arrival"].to_numpy().min())
+        duration = float(done["finish"].max() - requests["arrival"].min())
     summary["duration"] = duration
     input_tokens = int(done["prompt_tokens"].sum())
     output_tokens = int(done["output_tokens"].sum())
@@ -330,13 +347,9 @@ def summarize(result: RunResult, tables: Tables) -> dict[str, Any]:
     summary["output_throughput"] = rate(output_tokens)
     summary["total_token_throughput"] = rate(input_tokens + output_tokens)
 
-    samples = {
-        "ttft": done["ttft"].to_numpy(),
-        "tpot": done["tpot"].drop_nulls().to_numpy(),
-        "e2el": done["e2el"].to_numpy(),
-        "queue": done["queue"].to_numpy(),
-    }
-    keep = tables.requests["finished"].to_numpy() if summary["unfinished"] else None
+    samples = {"ttft": done["ttft"], "tpot": done["tpot"][~np.isnan(done["tpot"])], "e2el": done["e2el"],
+               "queue": done["queue"]}
+    keep = finished if summary["unfinished"] else None
     itl = describe_histogram(*itl_histogram(result.log, keep), config.percentiles)
     for name in LATENCIES:
         stats = itl if name == "itl" else describe(samples[name], config.percentiles)
@@ -346,11 +359,11 @@ def summarize(result: RunResult, tables: Tables) -> dict[str, Any]:
     if config.goodput:
         good = np.ones(num_done, dtype=bool)
         for metric, limit in config.goodput:
-            values = done[metric].fill_null(0.0).to_numpy()
-            good &= values <= limit
+            values = requests[metric][finished]
+            good &= np.where(np.isnan(values), 0.0, values) <= limit
         summary["good_requests"] = int(good.sum())
         summary["request_goodput"] = rate(int(good.sum()))
-    summary.update(load_state(result, tables.steps))
+    summary.update(load_state(result, steps))
     summary.update(speculative_decoding(result.log))
     summary["cost_extrapolations"] = sum(result.cost_extrapolated.values())
     summary["cost_extrapolated"] = ", ".join(f"{family}: {n}" for family, n in sorted(result.cost_extrapolated.items()))

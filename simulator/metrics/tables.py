@@ -1,14 +1,91 @@
-"""A run's three tables, as polars frames: one row per request, per output token, per step."""
+"""A run's three tables: one row per request, per output token, per step.
+
+A run builds them as numpy columns (`Columns`), a null kept as NaN in the float columns the table
+names nullable, and hands them out as polars frames only when asked for: a run that summarises
+itself and writes its folder never loads polars, whose import alone is a tenth of a 100k-request
+run's CPU time in the compiled build (docs/performance.md, "Start-up"). A table that only exists
+as a frame (a fleet's, whose columns polars adds) is read back into columns when they are asked for.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import polars as pl
+import numpy as np
+
+if TYPE_CHECKING:
+    import polars as pl
+    import pyarrow as pa
+
+class Columns:
+    """One table as named numpy columns of equal length; in a column named in `nullable`, NaN
+    stands for null (a request that never got a first token has a null TTFT)."""
+
+    def __init__(self, columns: dict[str, np.ndarray], nullable: frozenset[str] = frozenset()) -> None:
+        lengths = {len(values) for values in columns.values()}
+        assert len(lengths) <= 1, f"columns of unequal lengths {sorted(lengths)}"
+        self.columns = columns
+        self.nullable = nullable
+        self.height = lengths.pop() if lengths else 0
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        return self.columns[name]
+
+    def to_arrow(self) -> pa.Table:
+        import pyarrow as pa
+
+        return pa.table({name: pa.array(values, mask=np.isnan(values) if name in self.nullable else None)
+                         for name, values in self.columns.items()})
+
+    def frame(self) -> pl.DataFrame:
+        import polars as pl
+
+        return pl.from_arrow(self.to_arrow())  # type: ignore[return-value]
+
+    @classmethod
+    def of_frame(cls, frame: pl.DataFrame) -> Columns:
+        """A frame's columns; a float column's nulls as NaN."""
+        columns = {name: frame[name].to_numpy() for name in frame.columns}
+        nullable = frozenset(name for name in frame.columns if frame[name].null_count())
+        return cls(columns, nullable)
 
 
-@dataclass
 class Tables:
-    requests: pl.DataFrame
-    tokens: pl.DataFrame
-    steps: pl.DataFrame
+    """A run's requests, tokens and steps tables, each given as `Columns` or as a polars frame;
+    `.requests`, `.tokens` and `.steps` are frames (made on first use), `columns(name)` numpy."""
+
+    NAMES = ("requests", "tokens", "steps")
+
+    def __init__(self, requests: Columns | pl.DataFrame, tokens: Columns | pl.DataFrame,
+                 steps: Columns | pl.DataFrame) -> None:
+        self._given = {"requests": requests, "tokens": tokens, "steps": steps}
+        self._frames: dict[str, pl.DataFrame] = {}
+        self._columns: dict[str, Columns] = {}
+
+    def columns(self, name: str) -> Columns:
+        if name not in self._columns:
+            given = self._given[name]
+            self._columns[name] = given if isinstance(given, Columns) else Columns.of_frame(given)
+        return self._columns[name]
+
+    def frame(self, name: str) -> pl.DataFrame:
+        if name not in self._frames:
+            given = self._given[name]
+            self._frames[name] = given.frame() if isinstance(given, Columns) else given
+        return self._frames[name]
+
+    def table(self, name: str) -> Columns | pl.DataFrame:
+        """The table as given: what a run folder writes without a conversion."""
+        return self._given[name]
+
+    @property
+    def requests(self) -> pl.DataFrame:
+        return self.frame("requests")
+
+    @property
+    def tokens(self) -> pl.DataFrame:
+        return self.frame("tokens")
+
+    @property
+    def steps(self) -> pl.DataFrame:
+        return self.frame("steps")

@@ -13,11 +13,15 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import polars as pl
 
 from simulator.engine.steplog import StepLog
+from simulator.metrics.tables import Columns
+
+if TYPE_CHECKING:
+    import polars as pl
 
 
 def step_ends(log: StepLog) -> np.ndarray:
@@ -26,10 +30,14 @@ def step_ends(log: StepLog) -> np.ndarray:
 
 ROWS_PER_CHUNK = 1 << 21
 """Rows of the tokens table built at a time: bounded memory whatever the run's size."""
-TOKENS_SCHEMA = {"request_id": pl.Int64, "index": pl.Int64, "time": pl.Float64}
 
 
-def token_chunks(log: StepLog, rows_per_chunk: int = ROWS_PER_CHUNK) -> Iterator[pl.DataFrame]:
+def empty_tokens() -> Columns:
+    """A tokens table with no rows (request_id and index int64, time float64)."""
+    return Columns({"request_id": np.zeros(0, np.int64), "index": np.zeros(0, np.int64), "time": np.zeros(0)})
+
+
+def token_chunks(log: StepLog, rows_per_chunk: int = ROWS_PER_CHUNK) -> Iterator[Columns]:
     """The tokens table, one row per output token (request_id, index 0-based per request, time = end
     of its step), sorted by request and index, in chunks of whole requests of about `rows_per_chunk`
     rows: singles and runs are sorted by request once, and each chunk expands only its own runs."""
@@ -59,16 +67,18 @@ def token_chunks(log: StepLog, rows_per_chunk: int = ROWS_PER_CHUNK) -> Iterator
         requests, steps = requests[order], steps[order]
         first_of_request = np.r_[True, requests[1:] != requests[:-1]] if len(requests) else np.zeros(0, bool)
         group_start = np.maximum.accumulate(np.where(first_of_request, np.arange(len(requests)), 0))
-        yield pl.DataFrame({"request_id": requests.astype(np.int64),
-                            "index": (np.arange(len(requests)) - group_start).astype(np.int64),
-                            "time": end[steps]}, schema=TOKENS_SCHEMA)
+        yield Columns({"request_id": requests.astype(np.int64),
+                       "index": (np.arange(len(requests)) - group_start).astype(np.int64),
+                       "time": end[steps]})
         lo = hi
 
 
 def tokens_table(log: StepLog) -> pl.DataFrame:
     """The whole tokens table in memory (see `token_chunks`; `TokensTable` streams it to a file)."""
+    import polars as pl
+
     chunks = list(token_chunks(log))
-    return pl.concat(chunks) if chunks else pl.DataFrame(schema=TOKENS_SCHEMA)
+    return pl.concat([chunk.frame() for chunk in chunks]) if chunks else empty_tokens().frame()
 
 
 @dataclass
@@ -85,7 +95,7 @@ class TokensTable:
     def write(self, path: Path, metadata: dict[bytes, bytes], progress: Callable[[int], None] | None = None) -> None:
         import pyarrow.parquet as pq  # here: a run that writes no tokens table need not load it
 
-        schema = pl.DataFrame(schema=TOKENS_SCHEMA).to_arrow().schema.with_metadata(metadata)
+        schema = empty_tokens().to_arrow().schema.with_metadata(metadata)
         written = 0
         # Plain encoding and zstd: faster to write and to read than the default (dictionary
         # encoding, snappy), and smaller (docs/performance.md, "Output").

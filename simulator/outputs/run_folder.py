@@ -18,15 +18,18 @@ import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-import polars as pl
 import pyarrow.parquet as pq
 
 from simulator.engine.build import build_line
 from simulator.errors import InputError
+from simulator.metrics.tables import Columns
 from simulator.outputs.locks import try_lock
 from simulator.progress import Bar
+
+if TYPE_CHECKING:
+    import polars as pl
 
 METADATA_KEY = b"servesim"
 ROW_GROUP_ROWS = 1024 * 1024
@@ -48,6 +51,7 @@ def json_safe(value: Any) -> Any:
     return value
 
 
+@runtime_checkable
 class StreamedTable(Protocol):
     """A table written to Parquet piece by piece, never whole in memory (the tokens table)."""
 
@@ -80,7 +84,7 @@ def atomic_file(path: Path) -> Iterator[Path]:
         partial.unlink(missing_ok=True)
 
 
-def write_parquet(frame: pl.DataFrame, path: Path, metadata: dict[str, Any],
+def write_parquet(frame: pl.DataFrame | Columns, path: Path, metadata: dict[str, Any],
                   progress: Callable[[int], None] | None = None) -> None:
     """Parquet with the run's settings in the file's key-value metadata under b"servesim", whole or
     not at all; `progress` is called with the rows written so far (the file is pq.write_table's)."""
@@ -174,7 +178,7 @@ def remove_stale_scratch(folder: Path) -> None:
             os.close(fd)
 
 
-def write_run(out: Path, tables: dict[str, pl.DataFrame | StreamedTable], summary: dict[str, Any],
+def write_run(out: Path, tables: dict[str, pl.DataFrame | Columns | StreamedTable], summary: dict[str, Any],
               settings: dict[str, Any], *, progress: bool = False) -> None:
     """The run folder `out`, whole or not at all; `progress` draws a bar of rows written."""
     check_out_dir(out)
@@ -191,10 +195,10 @@ def write_run(out: Path, tables: dict[str, pl.DataFrame | StreamedTable], summar
         with scratch_dir(out) as scratch:
             metadata = {"settings": settings}
             for name, table in tables.items():
-                if isinstance(table, pl.DataFrame):
-                    write_parquet(table, scratch / f"{name}.parquet", metadata, advance)
-                else:
+                if isinstance(table, StreamedTable):
                     table.write(scratch / f"{name}.parquet", parquet_metadata(metadata), advance)
+                else:  # whole in memory: a polars frame or numpy columns
+                    write_parquet(table, scratch / f"{name}.parquet", metadata, advance)
                 written += table.height
             (scratch / "summary.json").write_text(
                 json.dumps(json_safe({"settings": settings, "summary": summary,

@@ -17,15 +17,17 @@ import datetime as dt
 import json
 import math
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import polars as pl
 
 from simulator.config import RunConfig
 from simulator.errors import InputError, clip
 from simulator.metrics.tables import Tables
 from simulator.outputs.run_folder import atomic_file, check_writable, json_safe
+
+if TYPE_CHECKING:
+    pass
 
 BACKEND = "servesim"
 DETAILED = ("input_lens", "output_lens", "ttfts", "itls", "start_times", "errors")
@@ -74,6 +76,8 @@ def peak_concurrency(starts: np.ndarray, ends: np.ndarray) -> int:
 
 def vllm_result(summary: dict[str, Any], config: RunConfig, tables: Tables, percentile_metrics: tuple[str, ...],
                 detailed: bool, now: dt.datetime) -> dict[str, Any]:
+    import polars as pl
+
     requests = tables.requests
     finished = requests["finished"].to_numpy()
     done = requests.filter(pl.col("finished"))

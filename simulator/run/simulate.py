@@ -16,7 +16,7 @@ from simulator.run.clients import ClientKind, pool_content, pool_draws, workload
 from simulator.run.driver import Engine, run_engine, run_progress
 from simulator.run.pools import build_pools, simulate_fleet
 from simulator.run.result import RunResult, run_result
-from workloads import Workload, read_trace, synthetic_workload
+from workloads import Workload, synthetic_workload
 from workloads.prefixes import shared_prefix_content
 from workloads.sessions import conversations
 
@@ -46,6 +46,8 @@ def build_workload(config: RunConfig) -> Workload:
 
 def _lengths_and_arrivals(config: RunConfig) -> Workload:
     if config.trace is not None:
+        from workloads.traces import read_trace  # here: the trace readers load polars
+
         return read_trace(config.trace, speed=config.trace_speed, limit=config.num_requests)
     num_requests = config.num_requests
     if num_requests is None and config.duration is None:
