@@ -14,7 +14,8 @@ from test_properties import SETTINGS, cases
 
 from simulator.config import RunConfig
 from simulator.errors import InputError
-from simulator.metrics.summary import build_tables, describe, median, summarize
+from simulator.metrics.summary import build_tables, describe, in_system_count, median, summarize
+from simulator.metrics.tables import Columns
 from simulator.metrics.tokens import itl_histogram, tokens_table
 from simulator.run.simulate import simulate
 from workloads import Workload
@@ -62,6 +63,21 @@ def test_median_is_numpys_to_the_bit(values: list[float]) -> None:
     """The summary's median (which spares a run numpy's masked-array module) is np.median's."""
     sample = np.array(values)
     assert median(sample) == float(np.median(sample))
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 30), st.integers(0, 9), st.integers(0, 9)), min_size=1, max_size=40))
+def test_one_servers_count_in_the_system_is_the_fleets_with_one_server(rows: list[tuple[int, int, int]]) -> None:
+    """A lone server's requests in the system, read off its steps in time order, are what the
+    fleet's way (each server's last step by each instant, summed) gives with one server."""
+    starts = np.sort(np.array([r[0] for r in rows], dtype=np.float64)) / 4
+    waiting, running = np.array([r[1] for r in rows]), np.array([r[2] for r in rows])
+    alone = Columns({"start": starts, "num_waiting": waiting, "num_running": running})
+    fleet = Columns({"start": starts, "num_waiting": waiting, "num_running": running,
+                     "server": np.zeros(len(rows), dtype=np.int64)})
+    (times, counts), (fleet_times, fleet_counts) = in_system_count(alone), in_system_count(fleet)
+    assert np.array_equal(times, fleet_times) and np.array_equal(counts, fleet_counts)
+    assert counts.dtype == fleet_counts.dtype == np.float64
 
 
 def overload_state(rate: float) -> object:

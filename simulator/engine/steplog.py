@@ -90,6 +90,17 @@ class StepLog:
                 table[:, i] = counts[name]
         self.counts.frombytes(table.tobytes())
 
+    def step_ends(self) -> np.ndarray:
+        """Each step's end: start + duration (s), the sum of the two `column`s without their copies."""
+        times = np.frombuffer(self.times, dtype=np.float64) if len(self.times) else np.zeros(0)
+        return times[0::2] + times[1::2]
+
+    def int32_column(self, name: str) -> np.ndarray:
+        """A token, run or cache column as the log holds it (int32, half of `column`'s bytes), for a
+        caller that only indexes or counts with it."""
+        values: array = getattr(self, name)
+        return np.frombuffer(values, dtype=np.int32).copy() if len(values) else np.zeros(0, dtype=np.int32)
+
     def column(self, name: str) -> np.ndarray:
         """A column as numpy: float64 times, int64 counts."""
         if name in ("start", "duration"):

@@ -10,6 +10,8 @@ finished requests as mean, median, population std and numpy's linear percentiles
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from functools import cache, partial
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -47,8 +49,12 @@ def build_tables(result: RunResult, tokens: bool = True) -> Tables:
     log = result.log
     columns = ("start", "duration", "num_seqs", "prefill_tokens", "decode_tokens", "padded_tokens",
                "kv_blocks_used", "num_waiting", "num_running", "num_preempted")
-    steps = Columns({"step": np.arange(len(log), dtype=np.int64)} | {name: log.column(name) for name in columns}
-                    | prefix_cache_columns(log), nullable=frozenset({"prefix_cache_hit_rate"}))
+    # Each column made when first read (a summary reads a few; a run folder writes them all).
+    prefix_cache = cache(partial(prefix_cache_columns, log))
+    steps = Columns({"step": partial(np.arange, len(log), dtype=np.int64)}
+                    | {name: partial(log.column, name) for name in columns}
+                    | {name: partial(_item, prefix_cache, name) for name in PREFIX_CACHE_COLUMNS},
+                    nullable=frozenset({"prefix_cache_hit_rate"}), height=len(log))
     token_rows = tokens_table(log) if tokens else empty_tokens()
 
     reqs = result.requests
@@ -81,6 +87,14 @@ def build_tables(result: RunResult, tokens: bool = True) -> Tables:
         frames = fleet_columns(result.fleet, requests.frame(), steps.frame())
         return Tables(frames[0], token_rows, frames[1])
     return Tables(requests, token_rows, steps)
+
+
+PREFIX_CACHE_COLUMNS = ("prefix_cache_queried_tokens", "prefix_cache_hit_tokens", "prefix_cache_host_hit_tokens",
+                        "prefix_cache_hit_rate")
+
+
+def _item(columns: Callable[[], dict[str, np.ndarray]], name: str) -> np.ndarray:
+    return columns()[name]
 
 
 def prefix_cache_columns(log: StepLog) -> dict[str, np.ndarray]:
@@ -217,7 +231,11 @@ def in_system_count(steps: Columns) -> tuple[np.ndarray, np.ndarray]:
     of `times` until the next, `counts`; a fleet's servers (each step counts its own) summed."""
     counts = steps["num_waiting"] + steps["num_running"]
     starts = steps["start"]
-    servers = steps["server"] if "server" in steps.columns else np.zeros(len(starts), dtype=np.int64)
+    if "server" not in steps.names and np.all(starts[1:] >= starts[:-1]):
+        # One server, its steps in time order: at each distinct start, its last step's count.
+        last = np.append(starts[1:] != starts[:-1], True)
+        return starts[last], counts[last].astype(np.float64)
+    servers = steps["server"] if "server" in steps.names else np.zeros(len(starts), dtype=np.int64)
     times = np.unique(starts)
     total = np.zeros(len(times), dtype=np.float64)
     for server in np.unique(servers):
@@ -316,11 +334,13 @@ def summarize(result: RunResult, tables: Tables) -> dict[str, Any]:
         "kv_blocks": result.kv_blocks,
         "kv_capacity_tokens": result.kv_blocks * config.block_size,
     }
-    queried = int(steps["prefix_cache_queried_tokens"].sum())
+    # The steps' prefix-cache columns summed, from the log's queries (no per-step column made).
+    log = result.log
+    queried = int(log.column("cache_queried").sum())
     summary["prefix_cache_queried_tokens"] = queried
-    summary["prefix_cache_hit_tokens"] = int(steps["prefix_cache_hit_tokens"].sum())
+    summary["prefix_cache_hit_tokens"] = int(log.column("cache_hit").sum())
     summary["prefix_cache_hit_rate"] = summary["prefix_cache_hit_tokens"] / queried if queried else math.nan
-    host_hit = int(steps["prefix_cache_host_hit_tokens"].sum())
+    host_hit = int(log.column("cache_host_hit").sum())
     summary["prefix_cache_host_hit_tokens"] = host_hit
     gpu_hit = summary["prefix_cache_hit_tokens"] - host_hit
     summary["prefix_cache_hit_rate_gpu"] = gpu_hit / queried if queried else math.nan

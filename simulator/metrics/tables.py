@@ -9,6 +9,7 @@ as a frame (a fleet's, whose columns polars adds) is read back into columns when
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -17,25 +18,38 @@ if TYPE_CHECKING:
     import polars as pl
     import pyarrow as pa
 
+
 class Columns:
     """One table as named numpy columns of equal length; in a column named in `nullable`, NaN
-    stands for null (a request that never got a first token has a null TTFT)."""
+    stands for null (a request that never got a first token has a null TTFT). A column may be
+    given as the function that makes it, called when the column is first read: a caller that reads
+    a few columns of a 1M-request run's steps does not make the rest (each tens of MB)."""
 
-    def __init__(self, columns: dict[str, np.ndarray], nullable: frozenset[str] = frozenset()) -> None:
-        lengths = {len(values) for values in columns.values()}
-        assert len(lengths) <= 1, f"columns of unequal lengths {sorted(lengths)}"
-        self.columns = columns
+    def __init__(self, columns: Mapping[str, np.ndarray | Callable[[], np.ndarray]],
+                 nullable: frozenset[str] = frozenset(), height: int | None = None) -> None:
+        self._sources = columns
+        self._made: dict[str, np.ndarray] = {}
+        self.names = tuple(columns)
         self.nullable = nullable
+        lengths = {len(values) for values in columns.values() if not callable(values)}
+        if height is not None:
+            lengths.add(height)
+        assert len(lengths) <= 1 and (lengths or not columns), f"columns of unequal or unknown length {lengths}"
         self.height = lengths.pop() if lengths else 0
 
     def __getitem__(self, name: str) -> np.ndarray:
-        return self.columns[name]
+        made = self._made.get(name)
+        if made is None:
+            source = self._sources[name]
+            made = self._made[name] = source() if callable(source) else source
+            assert len(made) == self.height, f"column {name} has {len(made)} rows, not {self.height}"
+        return made
 
     def to_arrow(self) -> pa.Table:
         import pyarrow as pa
 
         return pa.table({name: pa.array(values, mask=np.isnan(values) if name in self.nullable else None)
-                         for name, values in self.columns.items()})
+                         for name, values in ((name, self[name]) for name in self.names)})
 
     def frame(self) -> pl.DataFrame:
         import polars as pl

@@ -24,10 +24,6 @@ if TYPE_CHECKING:
     import polars as pl
 
 
-def step_ends(log: StepLog) -> np.ndarray:
-    return log.column("start") + log.column("duration")
-
-
 ROWS_PER_CHUNK = 1 << 21
 """Rows of the tokens table built at a time: bounded memory whatever the run's size."""
 
@@ -41,7 +37,7 @@ def token_chunks(log: StepLog, rows_per_chunk: int = ROWS_PER_CHUNK) -> Iterator
     """The tokens table, one row per output token (request_id, index 0-based per request, time = end
     of its step), sorted by request and index, in chunks of whole requests of about `rows_per_chunk`
     rows: singles and runs are sorted by request once, and each chunk expands only its own runs."""
-    end, decode_step = step_ends(log), log.column("decode_step")
+    end, decode_step = log.step_ends(), log.column("decode_step")
     single_request, single_step = log.column("token_request"), log.column("token_step")
     run_request, run_first, run_count = log.column("run_request"), log.column("run_first"), log.column("run_count")
     by_request = np.argsort(single_request, kind="stable")  # singles are logged in step order
@@ -110,11 +106,14 @@ class TokensTable:
 def itl_histogram(log: StepLog, keep: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Every inter-token gap pooled over requests (over those with `keep[request]` when given), as
     sorted distinct values (seconds) and how many times each occurs; tokens of one step are one
-    chunk of the stream, and the gaps are between chunks."""
-    end = step_ends(log)
-    decode_step = log.column("decode_step")
-    single_request, single_step = log.column("token_request"), log.column("token_step")
-    run_request, run_first, run_count = log.column("run_request"), log.column("run_first"), log.column("run_count")
+    chunk of the stream, and the gaps are between chunks. Its arrays are the log's int32 indices and
+    freed as soon as used: a 1M-request run has millions of steps, and each fresh array costs its
+    pages (docs/performance.md, "Memory")."""
+    end = log.step_ends()
+    decode_step = log.int32_column("decode_step")
+    single_request, single_step = log.int32_column("token_request"), log.int32_column("token_step")
+    run_request, run_first = log.int32_column("run_request"), log.int32_column("run_first")
+    run_count = log.int32_column("run_count")
     if keep is not None:
         kept = keep[single_request]
         single_request, single_step = single_request[kept], single_step[kept]
@@ -135,18 +134,18 @@ def itl_histogram(log: StepLog, keep: np.ndarray | None = None) -> tuple[np.ndar
     # Gaps inside runs: decode step g to g + 1, once per run that covers both.
     decode_end = end[decode_step]
     del end
-    steps_gaps = decode_end[1:] - decode_end[:-1]
+    steps_gaps = np.diff(decode_end)
     del decode_end
     covering = np.zeros(len(decode_step) + 1, dtype=np.int64)
     long_runs = run_count > 1
     np.add.at(covering, run_first[long_runs], 1)
     np.add.at(covering, run_first[long_runs] + run_count[long_runs] - 1, -1)
-    weights = np.cumsum(covering)[: max(len(decode_step) - 1, 0)]
-    del covering
+    weights = np.cumsum(covering, out=covering)[: max(len(decode_step) - 1, 0)]
     inside = weights > 0
     values = np.concatenate([junctions, steps_gaps[inside]])
+    del steps_gaps
     counts = np.concatenate([np.ones(len(junctions), dtype=np.int64), weights[inside]])
-    del junctions, steps_gaps, weights, inside
+    del junctions, weights, covering, inside
     # Equal gaps pooled: sorted once, each run of equal values summed (the arrays above freed first,
     # so a 1M-request run's peak memory is not their sum).
     order = np.argsort(values, kind="stable")
