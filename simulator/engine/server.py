@@ -38,6 +38,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Callable, Generator, Sequence
+from functools import partial
 from typing import Any
 
 import simpy
@@ -63,6 +64,12 @@ Process = Generator[simpy.Event, Any, None]
 @mypyc_attr(native_class=False)  # a compiled class cannot subclass a builtin exception (setup.py)
 class PolicyStalledError(InputError):
     """A policy scheduled nothing while work was waiting: its settings cannot serve this workload."""
+
+
+def _next_event(queue: list[Any]) -> float:
+    """The time of the clock's next event: `env.peek` over the clock's event queue, read without a
+    call into SimPy's interpreted code (a server asks before every step)."""
+    return float(queue[0][0]) if queue else math.inf
 
 
 class Server:
@@ -93,7 +100,7 @@ class Server:
         """When requests were submitted while a decode stretch is waited for (None between stretches)."""
         self.priority: int = NORMAL
         """Of its timeouts among events at the same instant (a fleet orders servers by index)."""
-        self.horizon: Callable[[], float] = env.peek
+        self.horizon: Callable[[], float] = partial(_next_event, env._queue)  # type: ignore[attr-defined]
         """The next instant another process could read or change this server: by default the clock's
         next event; a fleet open loop's next arrival (`simulator.fleet.engine`)."""
         self.finish_seen_elsewhere = False

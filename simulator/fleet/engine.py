@@ -276,8 +276,7 @@ def merge_logs(logs: list[StepLog]) -> tuple[StepLog, np.ndarray]:
     step_offset = decode_offset = 0
     servers = []
     for index, log in enumerate(logs):
-        merged.times.extend(log.times)
-        merged.counts.extend(log.counts)
+        merged.rows += log.rows
         merged.token_request.extend(log.token_request)
         merged.run_request.extend(log.run_request)
         merged.run_count.extend(log.run_count)
