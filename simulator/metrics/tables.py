@@ -2,9 +2,9 @@
 
 A run builds them as numpy columns (`Columns`), a null kept as NaN in the float columns the table
 names nullable, and hands them out as polars frames only when asked for: a run that summarises
-itself and writes its folder never loads polars, whose import alone is a tenth of a 100k-request
-run's CPU time in the compiled build (docs/performance.md, "Start-up"). A table that only exists
-as a frame (a fleet's, whose columns polars adds) is read back into columns when they are asked for.
+itself and writes its folder never loads polars, whose import is a large share of a run's start-up
+(docs/performance.md, "After the third round"). A table that only exists as a frame (a fleet's,
+whose columns polars adds) is read back into columns when they are asked for.
 """
 
 from __future__ import annotations

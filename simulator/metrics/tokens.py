@@ -108,7 +108,7 @@ def itl_histogram(log: StepLog, keep: np.ndarray | None = None) -> tuple[np.ndar
     sorted distinct values (seconds) and how many times each occurs; tokens of one step are one
     chunk of the stream, and the gaps are between chunks. Its arrays are the log's int32 indices and
     freed as soon as used: a 1M-request run has millions of steps, and each fresh array costs its
-    pages (docs/performance.md, "Memory")."""
+    pages (docs/performance.md, "After the third round")."""
     end = log.step_ends()
     decode_step = log.int32_column("decode_step")
     single_request, single_step = log.int32_column("token_request"), log.int32_column("token_step")
