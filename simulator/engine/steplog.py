@@ -95,8 +95,7 @@ class StepLog:
     def int32_column(self, name: str) -> np.ndarray:
         """A token, run or cache column as the log holds it (int32, half of `column`'s bytes), for a
         caller that only indexes or counts with it."""
-        values: array = getattr(self, name)
-        return np.frombuffer(values, dtype=np.int32).copy() if len(values) else np.zeros(0, dtype=np.int32)
+        return self._ints_held(name).copy()
 
     def column(self, name: str) -> np.ndarray:
         """A column as numpy: float64 times, int64 counts."""
@@ -104,6 +103,9 @@ class StepLog:
             return self._table()[name].copy()
         if name in STEP_COUNTS:
             return self._table()[name].astype(np.int64)
+        return self._ints_held(name).astype(np.int64)
+
+    def _ints_held(self, name: str) -> np.ndarray:
+        """The int32 array `name` as numpy over the log's bytes (read it before the log grows)."""
         values: array = getattr(self, name)
-        ints = np.frombuffer(values, dtype=np.int32) if len(values) else np.zeros(0, dtype=np.int32)
-        return ints.astype(np.int64)
+        return np.frombuffer(values, dtype=np.int32) if len(values) else np.zeros(0, dtype=np.int32)

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from simulator.engine.steplog import StepLog
+from simulator.engine.steplog import STEP_COUNTS, StepLog
 from simulator.metrics.fleet import fleet_columns, fleet_totals, server_summaries
 from simulator.metrics.tables import Columns, Tables
 from simulator.metrics.tokens import describe_histogram, empty_tokens, itl_histogram, tokens_table
@@ -47,8 +47,7 @@ def build_tables(result: RunResult, tokens: bool = True) -> Tables:
     """The run's requests, tokens and steps tables; `tokens=False` leaves the (large) tokens table
     empty for callers that only want the summary."""
     log = result.log
-    columns = ("start", "duration", "num_seqs", "prefill_tokens", "decode_tokens", "padded_tokens",
-               "kv_blocks_used", "num_waiting", "num_running", "num_preempted")
+    columns = ("start", "duration", *STEP_COUNTS)
     # Each column made when first read (a summary reads a few; a run folder writes them all).
     prefix_cache = cache(partial(prefix_cache_columns, log))
     steps = Columns({"step": partial(np.arange, len(log), dtype=np.int64)}

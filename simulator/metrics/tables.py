@@ -48,8 +48,8 @@ class Columns:
     def to_arrow(self) -> pa.Table:
         import pyarrow as pa
 
-        return pa.table({name: pa.array(values, mask=np.isnan(values) if name in self.nullable else None)
-                         for name, values in ((name, self[name]) for name in self.names)})
+        return pa.table({name: pa.array(self[name], mask=np.isnan(self[name]) if name in self.nullable else None)
+                         for name in self.names})
 
     def frame(self) -> pl.DataFrame:
         import polars as pl
