@@ -95,3 +95,22 @@ def test_a_verbs_imports_are_frozen_and_the_collector_left_on(tmp_path: Path) ->
     codes, before, after, enabled = json.loads(done.stdout.splitlines()[-1])
     assert codes in ([], [0]) and before == 0 and enabled
     assert after > 50_000  # numpy, polars, pyarrow and the simulator's modules
+
+
+def threads_after(script: str, env: dict[str, str]) -> int:
+    """The threads of a fresh interpreter after `script` (Linux: its /proc/self/status)."""
+    probe = (script + "; print(next(line for line in open('/proc/self/status') "
+                      "if line.startswith('Threads:')).split()[1])")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True, env=env)
+    return int(done.stdout.split()[-1])
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").is_file(), reason="counts threads in /proc (Linux)")
+def test_a_command_runs_numpy_on_one_thread_unless_the_user_set_it() -> None:
+    """numpy's OpenBLAS would start a busy-waiting thread per core; a command keeps it on one."""
+    env = {name: value for name, value in os.environ.items() if name not in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS")}
+    env["PYTHONPATH"] = str(ROOT)
+    assert threads_after("import simulator.cli.main, numpy", env) == 1
+    if (os.cpu_count() or 1) > 1:  # the control: without the command line, OpenBLAS starts more
+        assert threads_after("import numpy", env) > 1
+        assert threads_after("import simulator.cli.main, numpy", env | {"OPENBLAS_NUM_THREADS": "2"}) == 2

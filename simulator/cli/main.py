@@ -8,7 +8,6 @@ with one line and exit status 1, never a traceback.
 
 from __future__ import annotations
 
-import difflib
 import gc
 import importlib
 import importlib.util
@@ -89,6 +88,8 @@ class LazyGroup(DefaultGroup):
         # An option that names no verb is the default verb's (DefaultGroup's rule: `simulate --rate 12`);
         # a word is a verb mistyped, as the default verb takes options only.
         if cmd_name not in self.verbs and not cmd_name.startswith("-"):
+            import difflib  # only for a mistyped verb
+
             close = difflib.get_close_matches(cmd_name, self.verbs, n=1)
             hint = f"did you mean {close[0]!r}?" if close else f"the commands are {', '.join(sorted(self.verbs))}"
             raise click.UsageError(f"no such command {clip(repr(cmd_name))} ({hint})", ctx)
