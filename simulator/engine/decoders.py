@@ -8,7 +8,10 @@ As each decoder joins or leaves they keep:
 
 - `decode_context`: the sum of the decoders' contexts after their next token, `key_sum + count *
   steps`, as the cost model wants it;
-- a heap of finishing steps (stale entries, of requests that left since, are told by `decode_epoch`);
+- a heap of finishing steps, each entry one int, `step << 32 | admitted` (so (step, admission)
+  order, admission numbers being unique and below 2**32), and the request of each entry: an entry
+  is stale when its request left the decoders since, or holds another entry now (it left and joined
+  again, or was admitted again); a request that left and joined again at the same entry is popped once;
 - how many growing decoders sit in each residue of `key` modulo the block size: a decoder needs a new
   KV block when its context crosses a block boundary, so the blocks the next step needs are one count
   (`blocks_needed`). Decoders whose KV was reserved in full never need one.
@@ -19,7 +22,7 @@ consecutive decode steps, which `leave` hands back for the step log.
 
 from __future__ import annotations
 
-import heapq
+from heapq import heappop, heappush
 
 import numpy as np
 
@@ -38,7 +41,11 @@ class Decoders:
         self.count = 0
         """How many decoders there are (`len(members)`, kept as they join and leave)."""
         self.residues = [0] * block_size
-        self._finishing: list[tuple[int, int, int, int, Request]] = []  # (step, admitted, id, epoch, request)
+        self._finishing: list[int] = []
+        """A heap of `finish_entry`s: ints, compared as such (a heap of tuples compared field by field
+        cost several times as much per push and pop)."""
+        self._finisher: dict[int, Request] = {}
+        """Each entry's request, until the entry is popped."""
 
     def __len__(self) -> int:
         return self.count
@@ -52,14 +59,14 @@ class Decoders:
         key = request.prompt_tokens + request.emitted - self.steps
         request.decode_key = key
         request.decode_since = self.steps
-        request.decode_epoch += 1
         self.members.add(request)
         self.count += 1
         self.key_sum += key
         if not request.reserved_tokens:
             self.residues[key % self.block_size] += 1
-        finish_step = request.output_tokens + request.prompt_tokens - key
-        heapq.heappush(self._finishing, (finish_step, request.admitted, request.id, request.decode_epoch, request))
+        entry = finish_entry(request)
+        self._finisher[entry] = request
+        heappush(self._finishing, entry)
 
     def leave(self, request: Request, steps: int | None = None) -> int:
         """Bring the request's state up to date (as of `steps`, by default now) and take it out of
@@ -73,7 +80,6 @@ class Decoders:
         if not request.reserved_tokens:
             self.residues[key % self.block_size] -= 1
             request.blocks = -(-(key + steps - 1) // self.block_size)
-        request.decode_epoch += 1
         request.emitted = key - request.prompt_tokens + steps
         request.computed = request.prompt_tokens + request.emitted - 1
         return steps - request.decode_since
@@ -104,17 +110,29 @@ class Decoders:
     def next_finish(self) -> int:
         """The step count at which the next decoder emits its last token (a large number if none)."""
         finishing = self._finishing
-        while finishing and finishing[0][3] != finishing[0][4].decode_epoch:
-            heapq.heappop(finishing)
-        return finishing[0][0] if finishing else 1 << 62
+        while finishing and not self._current(finishing[0]):
+            self._finisher.pop(heappop(finishing), None)
+        return finishing[0] >> 32 if finishing else 1 << 62
 
     def pop_finished(self) -> list[tuple[int, Request]]:
         """(step, decoder) for the decoders whose last token came in a step up to now, in (step,
         admission) order; they stay members until the caller makes them leave."""
         done = []
-        finishing, steps = self._finishing, self.steps
-        while finishing and finishing[0][0] <= steps:
-            step, _, _, epoch, request = heapq.heappop(finishing)
-            if epoch == request.decode_epoch:
-                done.append((step, request))
+        finishing, finisher, below = self._finishing, self._finisher, (self.steps + 1) << 32
+        while finishing and finishing[0] < below:
+            entry = heappop(finishing)
+            if self._current(entry):
+                done.append((entry >> 32, finisher.pop(entry)))
+            else:
+                finisher.pop(entry, None)
         return done
+
+    def _current(self, entry: int) -> bool:
+        """Is `entry` its request's as it decodes now (not stale, not popped already)?"""
+        request = self._finisher.get(entry)
+        return request is not None and request in self.members and finish_entry(request) == entry
+
+
+def finish_entry(decoder: Request) -> int:
+    """A decoder's entry in the finishing heap: the step it finishes in, then its admission number."""
+    return (decoder.output_tokens + decoder.prompt_tokens - decoder.decode_key) << 32 | decoder.admitted

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -62,7 +63,6 @@ class Request:
     them."""
     # The engine's bookkeeping while the request is one of the decoders.
     decode_key: int = 0
-    decode_epoch: int = 0
     decode_since: int = 0
     # Speculative decoding (simulator.engine.speculation): the draft tokens accepted in each of its
     # verify steps, drawn at its first, and how many verify steps it has taken.
@@ -83,7 +83,7 @@ class Request:
         self.block_keys = None
         self.held_runs = None
         self.hit_blocks = self.hit_in_use = self.host_loaded = self.host_end = 0
-        self.decode_key = self.decode_epoch = self.decode_since = 0
+        self.decode_key = self.decode_since = 0
         self.accepted_draws = None
         self.verify_steps = 0
 
@@ -150,17 +150,21 @@ class RequestColumns:
 
     @classmethod
     def from_requests(cls, requests: list[Request]) -> RequestColumns:
-        """One list per field, read attribute by attribute (native reads in a compiled build), then
-        its array."""
-        f8, i8 = np.float64, np.int64
-        return cls(np.array([r.arrival for r in requests], f8),
-                   np.array([r.prompt_tokens for r in requests], i8),
-                   np.array([r.output_tokens for r in requests], i8),
-                   np.array([r.emitted for r in requests], i8),
-                   np.array([r.scheduled for r in requests], f8),
-                   np.array([r.first_token for r in requests], f8),
-                   np.array([r.finish for r in requests], f8),
-                   np.array([r.preemptions for r in requests], i8),
-                   np.array([r.priority for r in requests], i8),
-                   np.array([r.cached_tokens for r in requests], i8),
-                   np.array([r.cached_tokens_host for r in requests], i8))
+        """Each request's fields packed as one row (native reads in a compiled build, one call per
+        request), the rows read as one structured array, then a contiguous array per field."""
+        pack = _pack_record
+        rows = bytearray()
+        for r in requests:
+            rows += pack(r.arrival, r.prompt_tokens, r.output_tokens, r.emitted, r.scheduled, r.first_token,
+                         r.finish, r.preemptions, r.priority, r.cached_tokens, r.cached_tokens_host)
+        table = np.frombuffer(rows, RECORD)
+        return cls(*[np.ascontiguousarray(table[name]) for name in RECORD_FIELDS])
+
+
+RECORD = np.dtype([("arrival", "=f8"), ("prompt_tokens", "=i8"), ("output_tokens", "=i8"), ("emitted", "=i8"),
+                   ("scheduled", "=f8"), ("first_token", "=f8"), ("finish", "=f8"), ("preemptions", "=i8"),
+                   ("priority", "=i8"), ("cached_tokens", "=i8"), ("cached_tokens_host", "=i8")])
+"""A request's row as `RequestColumns.from_requests` packs it: its fields in `RequestColumns`' order,
+native byte order, unaligned."""
+RECORD_FIELDS: tuple[str, ...] = tuple(RECORD.fields or ())
+_pack_record = struct.Struct("=" + "".join("d" if RECORD[name].kind == "f" else "q" for name in RECORD_FIELDS)).pack
