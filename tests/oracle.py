@@ -303,8 +303,7 @@ class OracleServer:
             request.computed += n
             if request.num_pending == 0:
                 request.emitted += 1
-                log.token_request.append(request.id)
-                log.token_step.append(index)
+                log.token(request.id, index)
                 if request.emitted == 1:
                     request.first_token = now
                 if request.is_finished:
@@ -325,8 +324,7 @@ class OracleServer:
         for _ in range(min(accepted + 1, request.output_tokens - request.emitted)):
             request.computed += 1
             request.emitted += 1
-            self.log.token_request.append(request.id)
-            self.log.token_step.append(index)
+            self.log.token(request.id, index)
         if request.is_finished:
             request.finish = self.env.now
             self._finish(request)

@@ -50,7 +50,7 @@ def both(config: RunConfig, workload: Workload | None = None, cost: type | None 
             outcomes.append((type(error), str(error)))
             continue
         tables = build_tables(result)
-        outcomes.append((tables, summarize(result, tables), result.end_time, len(result.log.token_request)))
+        outcomes.append((tables, summarize(result, tables), result.end_time, result.log.num_tokens_alone))
     return outcomes
 
 
@@ -201,9 +201,9 @@ def test_engine_keeps_runs_not_tokens() -> None:
     the rest, in workload (a)."""
     result = simulate(RunConfig(policy="chunked", concurrency=64, num_requests=2000))
     log = result.log
-    assert len(log.token_request) == 2000
-    assert len(log.run_request) == 2000
-    assert sum(log.run_count) + len(log.token_request) == 2000 * 300
+    assert log.num_tokens_alone == 2000
+    assert log.num_runs == 2000
+    assert int(log.column("run_count").sum()) + log.num_tokens_alone == 2000 * 300
 
 
 @settings(max_examples=300, deadline=None)

@@ -44,20 +44,27 @@ class StepShape(NamedTuple):
                   spec_tokens: int = 0) -> StepShape:
         """Build a shape from (new tokens, context after the step) per row, on top of `decode_seqs`
         single-token rows whose contexts sum to `decode_context` (and which verify `spec_tokens`
-        draft tokens between them)."""
-        prefill_seqs = prefill_tokens = prefill_context = 0
-        prefill_pairs = 0.0
-        for new, context in rows:
-            if new == 1:
-                decode_seqs += 1
-                decode_context += context
-            else:
-                prefill_seqs += 1
-                prefill_tokens += new
-                prefill_context += context
-                prefill_pairs += causal_pairs(new, context)
-        return _new_shape(cls, (decode_seqs + prefill_seqs, decode_seqs, decode_context, prefill_seqs,
-                                prefill_tokens, prefill_context, prefill_pairs, spec_tokens))
+        draft tokens between them): `shape_from_rows`."""
+        return shape_from_rows(rows, decode_seqs, decode_context, spec_tokens)
+
+
+def shape_from_rows(rows: Iterable[tuple[int, int]], decode_seqs: int = 0, decode_context: int = 0,
+                    spec_tokens: int = 0) -> StepShape:
+    """`StepShape.from_rows` as a function, which a compiled caller (setup.py) calls directly rather
+    than through the class's attributes."""
+    prefill_seqs = prefill_tokens = prefill_context = 0
+    prefill_pairs = 0.0
+    for new, context in rows:
+        if new == 1:
+            decode_seqs += 1
+            decode_context += context
+        else:
+            prefill_seqs += 1
+            prefill_tokens += new
+            prefill_context += context
+            prefill_pairs += causal_pairs(new, context)
+    return _new_shape(StepShape, (decode_seqs + prefill_seqs, decode_seqs, decode_context, prefill_seqs,
+                                  prefill_tokens, prefill_context, prefill_pairs, spec_tokens))
 
 
 _new_shape = tuple.__new__

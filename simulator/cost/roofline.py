@@ -60,8 +60,12 @@ class RooflineCost:
             raise InputError(f"GPU profile {gpu.name!r} has no interconnect_bw: cannot price expert parallelism's "
                              "all-to-all")
         self._fixed_cache: dict[tuple[int, int, int], tuple[float, float]] = {}
-        # Attention's constants, read once (the same values, so the same float operations and bits).
+        # What every step reads, copied once from the frozen specs (the same values, so the same float
+        # operations and bits; a compiled build reads its own attributes natively, the specs' through
+        # Python's attribute lookup).
         rank = self.rank
+        self._num_layers, self._is_mla = rank.num_layers, rank.is_mla
+        self._attn_bw, self._attn_flops, self._attn_latency = gpu.attn_bw, gpu.attn_flops, gpu.attn_kernel_latency
         self._kv_bytes_per_token = rank.kv_bytes_per_token_per_layer
         self._flops_per_pair = 4.0 * rank.num_heads * rank.head_dim
         self._prefill_kv_bytes, self._prefill_flops_per_pair = self._kv_bytes_per_token, self._flops_per_pair
@@ -113,14 +117,13 @@ class RooflineCost:
     def attention_time(self, kv_tokens: float, pairs: float, prefill: bool = False) -> float:
         """One layer's attention over `kv_tokens` of cached context and `pairs` query-key products
         (MLA: decode in the absorbed form over the latent cache, prefill in the up-projected form)."""
-        gpu = self.gpu
         if prefill:
-            memory = kv_tokens * self._prefill_kv_bytes / gpu.attn_bw
-            compute = self._prefill_flops_per_pair * pairs / gpu.attn_flops
+            memory = kv_tokens * self._prefill_kv_bytes / self._attn_bw
+            compute = self._prefill_flops_per_pair * pairs / self._attn_flops
         else:
-            memory = kv_tokens * self._kv_bytes_per_token / gpu.attn_bw
-            compute = self._flops_per_pair * pairs / gpu.attn_flops
-        return gpu.attn_kernel_latency + (compute if compute > memory else memory)  # max(), without the call
+            memory = kv_tokens * self._kv_bytes_per_token / self._attn_bw
+            compute = self._flops_per_pair * pairs / self._attn_flops
+        return self._attn_latency + (compute if compute > memory else memory)  # max(), without the call
 
     def attention_all_layers(self, shape: StepShape) -> float:
         """Attention of every layer of a step (MLA prefill's up projection of cached context included)."""
@@ -226,15 +229,15 @@ class RooflineCost:
         if tokens == 0:
             return 0.0
         layer, per_step = self._fixed(tokens, shape.num_seqs, shape.num_seqs + spec_tokens)
-        if prefill_seqs and self.rank.is_mla:
+        if prefill_seqs and self._is_mla:
             layer += self.mla_context_up_projection(shape)
         if not self._plain:
-            return self.rank.num_layers * layer + self._attention(shape) + per_step
+            return self._num_layers * layer + self._attention(shape) + per_step
         if decode_seqs:
             layer += self.attention_time(shape.decode_context, decode_pairs(shape))
         if prefill_seqs:
             layer += self.attention_time(shape.prefill_context, shape.prefill_pairs, True)
-        return self.rank.num_layers * layer + per_step
+        return self._num_layers * layer + per_step
 
     def breakdown(self, shape: StepShape) -> dict[str, float]:
         """Seconds per family: everything but the all-reduces (and expert parallelism's all-to-alls)

@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from simulator.cost.contract import StepShape, decode_shape
+from simulator.cost.contract import StepShape, decode_shape, shape_from_rows
 from simulator.engine.decoders import Decoders
 from simulator.engine.kv import KVBlocks
 from simulator.engine.queues import AdmissionOrder, FcfsQueue, PriorityQueue
@@ -135,12 +135,12 @@ class RunningSet:
         if verifiers is not None:
             shape, computed, decode = verifiers.step_shape(rows, num_decoders)
         elif batch is not None:
-            shape = StepShape.from_rows([(batch.prompt_len, batch.prompt_len)] * len(admits))
+            shape = shape_from_rows([(batch.prompt_len, batch.prompt_len)] * len(admits))
             self._start_batch(batch, [request for request, _ in admits])
         elif self.batch is not None and num_decoders:
             shape = self.decode_shape()
         else:
-            shape = StepShape.from_rows([(n, r.computed + n) for r, n in rows], num_decoders,
+            shape = shape_from_rows([(n, r.computed + n) for r, n in rows], num_decoders,
                                         self.decoders.decode_context if num_decoders else 0)
         self._rows, self._decode = rows, num_decoders > 0
         self._counts = (num_decoders + len(rows), computed - decode, decode, shape.num_tokens - computed, num_preempted)
@@ -276,8 +276,7 @@ class RunningSet:
             request.computed += n
             if request.computed == request.prompt_tokens + request.emitted:
                 request.emitted += 1
-                log.token_request.append(request.id)
-                log.token_step.append(index)
+                log.token(request.id, index)
                 if request.emitted == 1:
                     request.first_token = end
                 if request.emitted == request.output_tokens:
@@ -343,10 +342,7 @@ class RunningSet:
         if request in decoders.members:
             count = decoders.leave(request, steps)
             if count:
-                log = self.log
-                log.run_request.append(request.id)
-                log.run_first.append(request.decode_since)
-                log.run_count.append(count)
+                self.log.run(request.id, request.decode_since, count)
         else:
             self.explicit.remove(request)
         request.finish = at
@@ -379,10 +375,7 @@ class RunningSet:
         """A decoder leaves the decoders, its tokens logged as one run (`finish` does the same inline)."""
         count = self.decoders.leave(request)
         if count:
-            log = self.log
-            log.run_request.append(request.id)
-            log.run_first.append(request.decode_since)
-            log.run_count.append(count)
+            self.log.run(request.id, request.decode_since, count)
 
     # -- the step log -------------------------------------------------------------------------------
     def log_step(self, start: float, duration: float) -> None:

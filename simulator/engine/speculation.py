@@ -39,6 +39,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from simulator.cost import StepShape
+from simulator.cost.contract import shape_from_rows
 from simulator.engine.decoders import Decoders
 from simulator.engine.kv import KVBlocks
 from simulator.engine.request import Request
@@ -89,8 +90,7 @@ class Speculation:
         request.computed += emitted
         request.emitted += emitted
         for _ in range(emitted):
-            log.token_request.append(request.id)
-            log.token_step.append(index)
+            log.token(request.id, index)
 
 
 class Verifiers(Decoders):
@@ -162,7 +162,7 @@ class Verifiers(Decoders):
                 verify_context += request.computed + n
             else:
                 others.append((n, request.computed + n))
-        shape = StepShape.from_rows(others, verify_seqs, verify_context, k * verify_seqs)
+        shape = shape_from_rows(others, verify_seqs, verify_context, k * verify_seqs)
         return shape, computed, verify_seqs * (k + 1)
 
     def run(self, index: int, log: StepLog) -> list[Request]:

@@ -2,11 +2,11 @@
 
 Held compactly: each step one packed row of its times as float64 (the clock's exact bits) and its
 counts as int32 (4 bytes; a run of 1M requests has millions of steps), appended in one call.
-Tokens are never per-token objects but flat arrays in two forms: single tokens as (request, step),
-and runs of consecutive decode steps as (request, first, count) over `decode_step`, which lists the
-step index of each step in which the decoders ran (a decoder emits one token in every one of them
-without being touched, see `simulator.engine.decoders`). A server's running set is its log's one
-writer (`simulator.engine.running`).
+Tokens are never per-token objects but packed int32 rows in two forms: single tokens as (request,
+step) (`TOKEN`), and runs of consecutive decode steps as (request, first, count) (`RUN`) over
+`decode_step`, which lists the step index of each step in which the decoders ran (a decoder emits
+one token in every one of them without being touched, see `simulator.engine.decoders`); each row is
+appended in one call. A server's running set is its log's one writer (`simulator.engine.running`).
 """
 
 from __future__ import annotations
@@ -29,6 +29,15 @@ ROW_SIZE = ROW.itemsize
 _pack_row = struct.Struct(f"=2d{len(STEP_COUNTS)}i").pack
 assert struct.calcsize(f"=2d{len(STEP_COUNTS)}i") == ROW_SIZE
 
+TOKEN = np.dtype([("token_request", np.int32), ("token_step", np.int32)])
+"""A token emitted alone, as it is held: its request and step (packed, native byte order)."""
+RUN = np.dtype([("run_request", np.int32), ("run_first", np.int32), ("run_count", np.int32)])
+"""A run of decode tokens, as it is held: its request, its first step's index in `decode_step`, and
+how many steps (tokens) it spans."""
+_pack_token, _pack_run = struct.Struct("=2i").pack, struct.Struct("=3i").pack
+PACKED = {name: (kind, dtype) for kind, dtype in (("tokens", TOKEN), ("runs", RUN)) for name in dtype.names or ()}
+"""The token and run columns, by name: the log's attribute that holds them, and its row."""
+
 
 def _ints() -> array:
     return array(_INT)
@@ -42,11 +51,10 @@ def _counters() -> array:
 class StepLog:
     rows: bytearray = field(default_factory=bytearray)
     """Each step's start and duration (s) and its `STEP_COUNTS`, packed as `ROW`."""
-    token_request: array = field(default_factory=_ints)
-    token_step: array = field(default_factory=_ints)
-    run_request: array = field(default_factory=_ints)
-    run_first: array = field(default_factory=_ints)
-    run_count: array = field(default_factory=_ints)
+    tokens: bytearray = field(default_factory=bytearray)
+    """Each token emitted alone, packed as `TOKEN` (`token`)."""
+    runs: bytearray = field(default_factory=bytearray)
+    """Each run of decode tokens, packed as `RUN` (`run`)."""
     decode_step: array = field(default_factory=_ints)
     cache_step: array = field(default_factory=_ints)
     """Steps whose admissions queried the prefix cache, with the tokens queried and hit (of them,
@@ -66,6 +74,24 @@ class StepLog:
         """One step: its start and duration (s), then the `STEP_COUNTS`."""
         self.rows += _pack_row(start, duration, num_seqs, prefill_tokens, decode_tokens, padded_tokens, kv_blocks_used,
                                num_waiting, num_running, num_preempted)
+
+    def token(self, request: int, step: int) -> None:
+        """Request `request` emitted one token in step `step`."""
+        self.tokens += _pack_token(request, step)
+
+    def run(self, request: int, first: int, count: int) -> None:
+        """Request `request` emitted one token in each of `count` decode steps from `decode_step[first]`."""
+        self.runs += _pack_run(request, first, count)
+
+    @property
+    def num_tokens_alone(self) -> int:
+        """How many tokens were emitted alone (rows of `tokens`)."""
+        return len(self.tokens) // TOKEN.itemsize
+
+    @property
+    def num_runs(self) -> int:
+        """How many runs of decode tokens there are (rows of `runs`)."""
+        return len(self.runs) // RUN.itemsize
 
     def cache_queries(self, step: int, queried: int, hit: int, host_hit: int = 0) -> None:
         """Step `step`'s admissions queried `queried` prompt tokens of the prefix cache and hit `hit`,
@@ -106,6 +132,10 @@ class StepLog:
         return self._ints_held(name).astype(np.int64)
 
     def _ints_held(self, name: str) -> np.ndarray:
-        """The int32 array `name` as numpy over the log's bytes (read it before the log grows)."""
+        """The int32 column `name` as numpy over the log's bytes (read it before the log grows)."""
+        if name in PACKED:
+            kind, row = PACKED[name]
+            held: bytearray = getattr(self, kind)
+            return np.frombuffer(held, dtype=row)[name] if held else np.zeros(0, dtype=np.int32)
         values: array = getattr(self, name)
         return np.frombuffer(values, dtype=np.int32) if len(values) else np.zeros(0, dtype=np.int32)

@@ -47,7 +47,7 @@ from simulator.engine.request import Request
 from simulator.engine.server import Process, Server
 from simulator.engine.speculation import Speculation
 from simulator.engine.step import Policy
-from simulator.engine.steplog import StepLog
+from simulator.engine.steplog import RUN, TOKEN, StepLog
 from simulator.fleet.routers import Router, planned_routes
 from simulator.fleet.transfer import KVLink, links
 
@@ -277,16 +277,13 @@ def merge_logs(logs: list[StepLog]) -> tuple[StepLog, np.ndarray]:
     servers = []
     for index, log in enumerate(logs):
         merged.rows += log.rows
-        merged.token_request.extend(log.token_request)
-        merged.run_request.extend(log.run_request)
-        merged.run_count.extend(log.run_count)
+        merged.tokens += _shifted(log.tokens, TOKEN, "token_step", step_offset)
+        merged.runs += _shifted(log.runs, RUN, "run_first", decode_offset)
         _extend_shifted(merged.cache_step, log.cache_step, step_offset)
         merged.cache_queried.extend(log.cache_queried)
         merged.cache_hit.extend(log.cache_hit)
         merged.cache_host_hit.extend(log.cache_host_hit)
-        _extend_shifted(merged.token_step, log.token_step, step_offset)
         _extend_shifted(merged.decode_step, log.decode_step, step_offset)
-        _extend_shifted(merged.run_first, log.run_first, decode_offset)
         _add_counts(merged.spec_accepted, log.spec_accepted)
         servers.append(np.full(len(log), index, dtype=np.int64))
         step_offset += len(log)
@@ -302,6 +299,13 @@ def _add_counts(total: array, counts: array) -> None:
     assert len(counts) in (0, len(total)), "every speculating server drafts the same k tokens"
     for i, count in enumerate(counts):
         total[i] += count
+
+
+def _shifted(rows: bytearray, row: np.dtype, name: str, offset: int) -> bytes:
+    """Packed `rows` of dtype `row` with `offset` added to their column `name`."""
+    table = np.frombuffer(rows, dtype=row).copy()
+    table[name] += np.int32(offset)
+    return table.tobytes()
 
 
 def _extend_shifted(target: array, values: array, offset: int) -> None:

@@ -86,7 +86,7 @@ class TokensTable:
 
     @property
     def height(self) -> int:
-        return len(self.log.token_request) + int(self.log.column("run_count").sum())
+        return self.log.num_tokens_alone + int(self.log.column("run_count").sum())
 
     def write(self, path: Path, metadata: dict[bytes, bytes], progress: Callable[[int], None] | None = None) -> None:
         import pyarrow.parquet as pq  # here: a run that writes no tokens table need not load it
