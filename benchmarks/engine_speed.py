@@ -25,6 +25,10 @@ process each (`simulate --policy chunked --rate 12 --input-len 2000 --output-len
 workload. Those were measured elsewhere, not by this script: on the same kind of 2-core machine,
 whole process, median of 3 alternating runs, microsoft/vidur with the sarathi scheduler (8,192-token
 chunks), Llama-3-8B on H100, Poisson 12 req/s, fixed 2,000/300 tokens, metrics off (`VIDUR`).
+With a baseline (`--baseline REV`; `--no-baseline` for none) the same command runs on the
+baseline's checkout (pure Python) in turn, and the table adds the paired wall and CPU ratios, as
+the cases' table does: `--vidur --baseline 344f63f` is the speed issue's own measure, the whole
+process against the commit it started from.
 
 Each case runs on both builds of this checkout side by side (setup.py): `pure`, the checkout's
 modules, and `compiled`, the installed servesim when `pip install .` compiled it (its sources must be
@@ -39,7 +43,7 @@ run to run; it does not see what a cache miss or a mispredicted branch costs.
 
 Run: python -m benchmarks.engine_speed [--sizes 10000,100000,1000000] [--baseline REV | --no-baseline]
      python -m benchmarks.engine_speed --instructions [--cases b-static-r12,b-chunked-r12]
-     python -m benchmarks.engine_speed --vidur [--sizes 10000,100000] [--repeat 3]
+     python -m benchmarks.engine_speed --vidur [--sizes 10000,100000] [--repeat 3] [--baseline REV | --no-baseline]
 """
 
 from __future__ import annotations
@@ -230,13 +234,13 @@ def main() -> None:
     if args.one:
         print(json.dumps(run_one(args.one[0], int(args.one[1]), args.tokens_dir)))
         return
-    if args.vidur:
-        vidur_table([int(s) for s in args.sizes.split(",")], args.repeat, builds())
-        return
     if args.instructions and shutil.which("valgrind") is None:
         parser.error("--instructions counts under valgrind's callgrind, and valgrind is not on PATH")
     old = None if args.no_baseline else baseline_tree(args.baseline)
     try:
+        if args.vidur:
+            vidur_table([int(s) for s in args.sizes.split(",")], args.repeat, builds(), old)
+            return
         if args.instructions:
             instructions_table(args.cases.split(","), old, builds())
             return
@@ -334,45 +338,58 @@ def instructions_table(cases: list[str], old: Path | None, measured: list[str]) 
         print(line, flush=True)
 
 
-def cli_wall(n: int, tokens: bool, build: str = "pure") -> tuple[float, float]:
-    """Whole-process wall seconds and peak RSS (MB) of one `simulate` run of the Vidur case on
-    `build` (the command line's entry point, in a directory that picks the build: `launcher`)."""
+def cli_run(n: int, tokens: bool, build: str = "pure", tree: Path = ROOT) -> dict[str, float]:
+    """Whole-process wall and CPU seconds and peak RSS (MB) of one `simulate` run of the Vidur case
+    on `build` of `tree` (the command line's entry point, in a directory that picks the build:
+    `launcher`)."""
     with tempfile.TemporaryDirectory() as out:
-        _, cwd, env = launcher(ROOT, build)
+        _, cwd, env = launcher(tree, build)
         command = [sys.executable, "-c", "from simulator.cli.main import run; run()", *VIDUR_CASE, "--num-prompts",
                    str(n), "--tokens" if tokens else "--no-tokens", "--out", str(Path(out) / "run")]
-        before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-        start = time.perf_counter()
-        subprocess.run(command, cwd=cwd, env=env, check=True, capture_output=True)
-        wall = time.perf_counter() - start
-        peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-    # ru_maxrss of children is the largest child so far: exact for the first and for any new peak.
-    return wall, max(peak, before) / 1024
+        with open(Path(out) / "output", "wb") as output:
+            start = time.perf_counter()
+            child = subprocess.Popen(command, cwd=cwd, env=env, stdout=output, stderr=subprocess.STDOUT)
+            _, status, usage = os.wait4(child.pid, 0)  # this child's own usage (peak memory included)
+            wall = time.perf_counter() - start
+        child.returncode = os.waitstatus_to_exitcode(status)
+        if child.returncode:
+            raise subprocess.CalledProcessError(child.returncode, command, (Path(out) / "output").read_bytes())
+    return {"wall_s": wall, "cpu_s": usage.ru_utime + usage.ru_stime, "peak_mb": usage.ru_maxrss / 1024}
 
 
-def vidur_table(sizes: list[int], repeat: int, measured: list[str]) -> None:
-    """Medians of `repeat` runs of each build, in turn; `s / 100k` shows how the wall time scales
-    with the request count."""
-    print(f"{'requests':>9}{'tokens':>8}{'build':>10}{'servesim wall s':>17}{'s / 100k':>10}{'peak MB':>9}"
-          f"{'Vidur wall s':>14}{'Vidur / servesim':>18}  Vidur, as measured elsewhere")
+def vidur_table(sizes: list[int], repeat: int, measured: list[str], old: Path | None = None) -> None:
+    """Medians of `repeat` runs of each build (and of the baseline's pure build, from its checkout),
+    in turn; `s / 100k` shows how the wall time scales with the request count; `/ baseline` are
+    medians of the ratios of runs made back to back."""
+    print(f"{'requests':>9}{'tokens':>8}{'build':>10}{'servesim wall s':>17}{'cpu s':>7}{'s / 100k':>10}{'peak MB':>9}"
+          f"{'Vidur wall s':>14}{'Vidur / servesim':>18}"
+          + (f"{'baseline wall s':>17}{'cpu s':>7}{'wall / baseline':>17}{'pairs':>11}{'cpu / baseline':>16}"
+             if old is not None else "") + "  Vidur, as measured elsewhere")
     for n in sizes:
         for tokens in (False, True):
             if tokens and (n, True) not in VIDUR:
                 continue
-            runs: dict[str, list[tuple[float, float]]] = {build: [] for build in measured}
+            runs: dict[str, list[dict[str, float]]] = {build: [] for build in [*measured, "baseline"]}
             for _ in range(repeat):
                 for build in measured:
-                    runs[build].append(cli_wall(n, tokens, build))
+                    runs[build].append(cli_run(n, tokens, build))
+                if old is not None:
+                    runs["baseline"].append(cli_run(n, tokens, "pure", old))
             for build in measured:
-                wall, peak = sorted(runs[build])[repeat // 2]
+                wall = float(np.median([run["wall_s"] for run in runs[build]]))
+                cpu = float(np.median([run["cpu_s"] for run in runs[build]]))
+                peak = float(np.median([run["peak_mb"] for run in runs[build]]))
                 vidur = VIDUR.get((n, tokens))
-                line = (f"{n:>9}{'on' if tokens else 'off':>8}{build:>10}{wall:>17.2f}{wall * 100_000 / n:>10.2f}"
-                        f"{peak:>9.0f}")
-                if vidur:
-                    line += f"{vidur[0]:>14.1f}{vidur[0] / wall:>18.1f}  {vidur[1]}"
-                else:
-                    line += f"{'-':>14}{'-':>18}  not measured"
-                print(line, flush=True)
+                line = (f"{n:>9}{'on' if tokens else 'off':>8}{build:>10}{wall:>17.2f}{cpu:>7.2f}"
+                        f"{wall * 100_000 / n:>10.2f}{peak:>9.0f}")
+                line += f"{vidur[0]:>14.1f}{vidur[0] / wall:>18.1f}" if vidur else f"{'-':>14}{'-':>18}"
+                if old is not None:
+                    base = runs["baseline"]
+                    ratio, cpu_ratio, low, high = paired(runs[build], base)
+                    base_wall, base_cpu = (float(np.median([b[key] for b in base])) for key in ("wall_s", "cpu_s"))
+                    pairs = f"{low:.2f}-{high:.2f}"
+                    line += f"{base_wall:>17.2f}{base_cpu:>7.2f}{ratio:>17.2f}{pairs:>11}{cpu_ratio:>16.2f}"
+                print(line + f"  {vidur[1] if vidur else 'not measured'}", flush=True)
 
 
 def old_cases(tree: Path) -> str:

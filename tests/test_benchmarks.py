@@ -40,10 +40,10 @@ def test_one_case_runs_the_workload_it_names(tmp_path: Path) -> None:
 def test_the_vidur_case_is_the_speed_issues_command(tmp_path: Path) -> None:
     """`--vidur` times the command line the Vidur figures were measured against: chunked prefill,
     Poisson 12 req/s, exactly 2,000/300 tokens; the run it makes has those requests."""
-    from benchmarks.engine_speed import VIDUR_CASE, cli_wall
+    from benchmarks.engine_speed import VIDUR_CASE, cli_run
 
-    wall, peak = cli_wall(50, tokens=False)
-    assert wall > 0 and peak > 0
+    run = cli_run(50, tokens=False)
+    assert run["wall_s"] > 0 and run["cpu_s"] > 0 and run["peak_mb"] > 0
     from click.testing import CliRunner
 
     from simulator.cli.main import main
