@@ -17,3 +17,10 @@ SHOWN_CHARS = 80
 def clip(text: str) -> str:
     """`text` (a bad value as a message shows it: its repr, its JSON) cut to `SHOWN_CHARS` characters."""
     return text if len(text) <= SHOWN_CHARS else f"{text[:SHOWN_CHARS - 3]}..."
+
+
+def clip_path(path: str) -> str:
+    """A file's path as a message shows it: its repr, cut to `SHOWN_CHARS` characters from its end
+    (the file's own name, which says most), not its start."""
+    text = repr(path)
+    return text if len(text) <= SHOWN_CHARS else f"{text[0]}...{text[-(SHOWN_CHARS - 4):]}"

@@ -119,6 +119,18 @@ def test_a_full_disk_during_save_result_leaves_no_file(tmp_path: Path, capsys: p
     assert list((tmp_path / "results").iterdir()) == []
 
 
+def test_a_fault_on_a_deep_path_names_the_file_at_its_end(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """However deep the folder, the line keeps the path's end (the file's own name), cut at its start."""
+    deep = tmp_path.joinpath(*["folder-with-a-long-name"] * 8)
+    deep.mkdir(parents=True)
+    monkeypatch.setattr("simulator.outputs.vllm_result.json.dump", full_disk)
+    code, _, err = simulate([*SMALL_RUN, "--out", str(tmp_path / "run"), "--save-result", "--result-dir",
+                             str(deep), "--result-filename", "the-result.json"], capsys)
+    assert code == 1 and one_line(err) and len(err) < 160
+    assert err.rstrip().endswith("folder-with-a-long-name/the-result.json'") and "'..." in err
+
+
 def test_a_name_too_long_for_a_path_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
     code, _, err = simulate(["batch-table", "--model", "x" * 5000], capsys)
     assert code == 1 and one_line(err) and "File name too long" in err and len(err) < 200

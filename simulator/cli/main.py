@@ -21,7 +21,7 @@ from typing import Any
 import click
 from click_default_group import DefaultCommandFormatter, DefaultGroup
 
-from simulator.errors import InputError, clip
+from simulator.errors import InputError, clip, clip_path
 
 VERBS = {
     "run": "simulator.cli.run_command:run_command",
@@ -168,8 +168,8 @@ def clipped_quotes(message: str) -> str:
 
 
 def os_error_line(exc: OSError) -> str:
-    """A file-system fault as one line: what failed, on which file (at most ~80 characters of its name)."""
-    files = [clip(repr(str(name))) for name in (exc.filename, exc.filename2) if name is not None]
+    """A file-system fault as one line: what failed, on which file (the last ~80 characters of its path)."""
+    files = [clip_path(str(name)) for name in (exc.filename, exc.filename2) if name is not None]
     what = exc.strerror or str(exc) or type(exc).__name__
     return f"{what}: {' -> '.join(files)}" if files else what
 

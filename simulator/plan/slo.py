@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from simulator.config import GOODPUT_METRICS
-from simulator.errors import InputError
+from simulator.errors import InputError, clip_path
 from simulator.ranges import MAX_SECONDS, parse_goodput, quote
 
 METRICS = ("ttft", "tpot", "itl", "e2el")
@@ -96,7 +96,7 @@ def _slo(name: str, operator: str, limit: str, where: str) -> Slo:
 def read_sla_params(path: Path) -> list[Slo]:
     """One SLA of `vllm bench sweep serve_sla --sla-params`: a JSON list holding one object of
     `"p99_ttft_ms": "<=500"` entries (or that object alone)."""
-    where = f"--sla-params {quote(str(path))}"
+    where = f"--sla-params {clip_path(str(path))}"
     try:
         data = json.loads(path.read_text())
     except OSError as exc:

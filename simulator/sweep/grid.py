@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from simulator.config import RunConfig
-from simulator.errors import InputError
+from simulator.errors import InputError, clip_path
 from simulator.ranges import RANGES, parse_goodput, parse_percentiles, quote
 from simulator.sweep.executors import Rows, WorkerDied, config_from_settings, run_local, run_ray, setting_column
 
@@ -173,28 +173,28 @@ def read_spec_file(path: Path) -> tuple[dict[str, list[Any]], dict[str, str]]:
     import yaml
 
     if not path.is_file():
-        raise InputError(f"--file {quote(str(path))} does not exist")
+        raise InputError(f"--file {clip_path(str(path))} does not exist")
     try:
         if path.suffix == ".toml":
             data = tomllib.loads(path.read_text())
         elif path.suffix in (".yaml", ".yml"):
             data = yaml.safe_load(path.read_text()) or {}
         else:
-            raise InputError(f"--file {quote(str(path))} must be .yaml, .yml or .toml")
+            raise InputError(f"--file {clip_path(str(path))} must be .yaml, .yml or .toml")
     except UnicodeDecodeError:
-        raise InputError(f"--file {quote(str(path))} is not UTF-8 text") from None
+        raise InputError(f"--file {clip_path(str(path))} is not UTF-8 text") from None
     except RecursionError:
-        raise InputError(f"--file {quote(str(path))} is nested too deeply to read") from None
+        raise InputError(f"--file {clip_path(str(path))} is nested too deeply to read") from None
     except (tomllib.TOMLDecodeError, yaml.YAMLError) as exc:
-        raise InputError(f"--file {quote(str(path))} is not valid: {str(exc).splitlines()[0]}") from None
+        raise InputError(f"--file {clip_path(str(path))} is not valid: {str(exc).splitlines()[0]}") from None
     if not isinstance(data, dict) or set(data) - {"axes", "fixed"}:
-        raise InputError(f"--file {quote(str(path))} takes only the tables 'axes' and 'fixed'")
+        raise InputError(f"--file {clip_path(str(path))} takes only the tables 'axes' and 'fixed'")
     for section, value in data.items():
         if value is not None and not isinstance(value, dict):
-            raise InputError(f"'{section}' in --file {quote(str(path))} must be a table of setting: value, "
+            raise InputError(f"'{section}' in --file {clip_path(str(path))} must be a table of setting: value, "
                              f"got {quote(value)}")
     if not any(data.values()):
-        raise InputError(f"--file {quote(str(path))} sets nothing: give 'axes' (setting: [values]) or 'fixed'")
+        raise InputError(f"--file {clip_path(str(path))} sets nothing: give 'axes' (setting: [values]) or 'fixed'")
     axes: dict[str, list[Any]] = {}
     sweep_wide: dict[str, str] = {}
     for section in ("axes", "fixed"):
@@ -206,7 +206,7 @@ def read_spec_file(path: Path) -> tuple[dict[str, list[Any]], dict[str, str]]:
                 sweep_wide[name] = ",".join(f"{v}" for v in value) if isinstance(value, list) else str(value)
             elif section == "axes":
                 if not isinstance(value, list):
-                    raise InputError(f"axis {quote(key)} in {quote(str(path))} must be a list of values, "
+                    raise InputError(f"axis {quote(key)} in {clip_path(str(path))} must be a list of values, "
                                      f"got {quote(value)}")
                 axes[name] = [parse_value(name, v) for v in value]
             else:
@@ -231,7 +231,7 @@ class SweepStore:
         self.metadata = metadata
         self.rows: dict[str, dict[str, Any]] = {}
         if out.exists():
-            existing = read_sweep_file(out, f"--out {quote(str(out))} exists and")
+            existing = read_sweep_file(out, f"--out {clip_path(str(out))} exists and")
             self.rows.update((row["config_id"], row) for row in existing.to_dicts())
         if self.parts.is_dir():
             for part in sorted(self.parts.glob("*.parquet")):
@@ -315,7 +315,7 @@ def run_sweep(spec: SweepSpec, out: Path, *, jobs: int = 1, executor: str = "loc
     from simulator.outputs.run_folder import check_writable
 
     if out.is_dir():
-        raise InputError(f"--out {quote(str(out))} is a folder; give a .parquet file")
+        raise InputError(f"--out {clip_path(str(out))} is a folder; give a .parquet file")
     if not 1 <= jobs <= MAX_JOBS:  # past a C int the worker pool's semaphore overflows
         raise InputError(f"--jobs must be a number of workers in [1, {MAX_JOBS}], got {quote(jobs)}")
     if address is not None and executor != "ray":
@@ -328,8 +328,8 @@ def run_sweep(spec: SweepSpec, out: Path, *, jobs: int = 1, executor: str = "loc
         with exclusive(out.with_name(f".{out.name}.lock")):
             return run_unlocked(spec, out, jobs, executor, address, tables_dir, retry_failed, progress, force)
     except Busy as holder:
-        raise InputError(f"--out {quote(str(out))} is being written by another sweep ({holder}); when it ends, rerun "
-                         "this command to add this sweep's rows") from None
+        raise InputError(f"--out {clip_path(str(out))} is being written by another sweep ({holder}); when it ends, "
+                         "rerun this command to add this sweep's rows") from None
 
 
 def run_unlocked(spec: SweepSpec, out: Path, jobs: int, executor: str, address: str | None,
