@@ -7,7 +7,8 @@ checkout's pure modules. With `--installed` the servesim packages are imported f
 installation instead (their modules are the checkout's, checked file by file, so a stale install
 stops the run rather than testing old code); the tests themselves, the benchmarks and the
 reference data still come from the checkout. The README's test command runs the whole suite with
-`--installed`, then `--oracle` on the checkout (tests/README.md says why that split).
+`--installed`, then again on the checkout (tests/README.md); `--oracle` alone is a quick check of
+the engine.
 Commands the tests start in a subprocess import what their working directory and path give them.
 """
 

@@ -22,7 +22,7 @@ COMMANDS = [
     "python3.11 -m venv .venv && . .venv/bin/activate && pip install . && simulate --policy continuous --rate 12",
     'python3.11 -m venv .venv && . .venv/bin/activate && pip install ".[test]" && { pip install "torch==2.13.0+cpu" '
     '|| pip install "torch==2.13.0+cpu" --index-url https://download.pytorch.org/whl/cpu; } && python -m pytest '
-    '--installed && python -m pytest --oracle',
+    '--installed -n auto && python -m pytest -n auto',
 ]
 MAX_README_LINES = 200
 
