@@ -18,7 +18,7 @@ from policies.chunked import ChunkedPrefill
 from policies.continuous import ContinuousBatching
 from policies.settings import RunSettings
 from simulator.engine.request import Request
-from simulator.engine.step import Step, View
+from simulator.engine.step import View
 
 SETTINGS = ("max_num_batched_tokens",)
 
@@ -28,22 +28,13 @@ class InflightBatching(ChunkedPrefill):
     def _chunk(self, request: Request, budget: int) -> int:
         return request.num_pending if request.num_pending <= budget else 0
 
-    def __call__(self, view: View) -> Step:
-        if len(view.waiting) and view.num_running < self.max_num_seqs:
-            # Admission reads what every running request still needs, decoders included: they run as
-            # explicit rows of this step (`View.running`).
-            running = view.running()
-            return self._fill(view, running, self.max_num_batched_tokens, view.kv.num_free, len(running),
-                              decode=False)
-        return super().__call__(view)
-
     def _admit(self, view: View, tokens: dict[Request, int], budget: int, free_blocks: int, num_seqs: int) -> None:
         """TensorRT-LLM's default capacity policy, GUARANTEED_NO_EVICT: a request starts only when the
         KV cache can hold it to its last token beside what every running request still needs to reach
         its own, so no request is ever preempted (`CapacitySchedulerPolicy`, tensorrt_llm/llmapi/llm_args.py)."""
         if not len(view.waiting) or num_seqs >= self.max_num_seqs:
             return
-        free = view.kv.num_free - sum(view.kv.extra_blocks(r, full_length(r)) for r in view.running())
+        free = view.kv.num_free - view.blocks_to_finish()
         for request in self.admission_order(view):
             n = self._chunk(request, budget)
             blocks = view.kv.extra_blocks(request, full_length(request)) if n else 0

@@ -148,6 +148,10 @@ class OracleServer:
     def running(self) -> Sequence[Request]:
         return list(self.run_list)
 
+    def blocks_to_finish(self) -> int:
+        return sum(self.kv.extra_blocks(r, r.prompt_tokens + r.output_tokens) for r in self.run_list
+                   if not r.is_finished)
+
     def submit(self, request: Request) -> None:
         self.waiting.push(request)
         if self._sleeping:

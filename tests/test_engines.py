@@ -134,6 +134,17 @@ def test_random_workloads_speculating(policy: str, data: st.DataObject, limit: f
     check_random_case(policy, data, limit, unit_cost, False, speculation)
 
 
+@pytest.mark.parametrize(("policy", "like"), [("inflight", "continuous"), ("prefill-first", "chunked")])
+@settings(SETTINGS, max_examples=max(ENGINE_EXAMPLES // 2, 10))
+@given(data=st.data(), unit_cost=st.booleans())
+def test_stack_policies_on_random_workloads(policy: str, like: str, data: st.DataObject, unit_cost: bool) -> None:
+    """TensorRT-LLM's in-flight and SGLang's prefill-first policies, on the random cases of the
+    policies whose settings fit them (`tests/test_stack_policies.py`): the oracle's tables."""
+    case = data.draw(cases(like))
+    assert_identical(replace(case.config, policy=policy), case.workload, UnitCost if unit_cost else None,
+                     may_fail=True)
+
+
 @pytest.mark.parametrize("case", [
     dict(policy="chunked", rate=20.0, input_len=300, output_len=60, output_len_dist="uniform",
          num_gpu_blocks_override=300, speculative_method="eagle", num_speculative_tokens=4, spec_acceptance="0.7"),

@@ -84,6 +84,19 @@ class Decoders:
         request.computed = request.prompt_tokens + request.emitted - 1
         return steps - request.decode_since
 
+    def blocks_to_hold(self, kv: KVBlocks) -> int:
+        """KV blocks the decoders still need to hold all their tokens, prompt and every output token
+        (`kv.extra_blocks` of each at its full length), read off their keys without bringing them
+        up to date: a growing decoder holds the blocks of its context before its next token, as
+        `leave` sets them; one whose KV was reserved in full holds what it was given."""
+        total, steps, block_size = 0, self.steps, self.block_size
+        for request in self.members:
+            held = request.blocks if request.reserved_tokens else -(-(request.decode_key + steps - 1) // block_size)
+            extra = -(-(request.prompt_tokens + request.output_tokens) // block_size) - held - request.hit_in_use
+            if extra > 0:
+                total += extra
+        return total
+
     def blocks_needed(self, ahead: int = 0) -> int:
         """KV blocks the decoders need for the step `ahead` steps from now."""
         return self.residues[(1 - self.steps - ahead) % self.block_size]

@@ -105,6 +105,16 @@ class RunningSet:
         rows = len(self.batch_rows)
         return decode_shape(rows, rows * (self.batch.prompt_len + 1 + self.decoders.steps - self.batch_since))
 
+    def blocks_to_finish(self) -> int:
+        """KV blocks the running requests still need to hold all their tokens, prompt and every
+        output token (a padded batch's finished rows none): the explicit rows walked, the decoders
+        read as they are (`Decoders.blocks_to_hold`), none brought up to date."""
+        kv = self.kv
+        total = self.decoders.blocks_to_hold(kv)
+        for request in self.explicit:
+            total += kv.extra_blocks(request, request.prompt_tokens + request.output_tokens)
+        return total
+
     # -- a general step ------------------------------------------------------------------------------
     def take(self, step: Step, now: float) -> StepShape:
         """Take a general step: its rows, checked, with their KV (see the module docstring), its

@@ -147,6 +147,9 @@ class Server:
         self.running_set.make_explicit()
         return self.prefilling
 
+    def blocks_to_finish(self) -> int:
+        return self.running_set.blocks_to_finish()
+
     # -- the server ---------------------------------------------------------------------------------
     @property
     def on_finish(self) -> Callable[[Request, float], None] | None:

@@ -122,6 +122,13 @@ class Verifiers(Decoders):
         self.count -= 1
         return 0  # its tokens were logged as they came
 
+    def blocks_to_hold(self, kv: KVBlocks) -> int:
+        """As the decoders' (each verifier's `blocks` is up to date)."""
+        total = 0
+        for request in self.members:
+            total += kv.extra_blocks(request, request.prompt_tokens + request.output_tokens)
+        return total
+
     def blocks_needed(self, ahead: int = 0) -> int:
         assert ahead == 0, "verifiers are priced a step at a time"
         total = 0

@@ -114,6 +114,10 @@ class View(Protocol):
         """Is this running request the most recently admitted one?"""
     def running(self) -> Sequence[Request]:
         """The whole running set in admission order, every decoder included (O(batch))."""
+    def blocks_to_finish(self) -> int:
+        """KV blocks the running requests still need to hold all their tokens, prompt and every
+        output token (`kv.extra_blocks` of each at that length), without making the decoders
+        explicit rows as `running` does."""
 
 
 class Policy(Protocol):
