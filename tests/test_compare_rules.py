@@ -41,6 +41,28 @@ def test_a_vllm_silicon_row_reruns_with_the_templates_budget_by_default(tmp_path
     assert default.filter(sglang).equals(plain.filter(sglang))
 
 
+def test_a_tensorrt_llm_silicon_row_reruns_with_the_templates_budget_by_default(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # 8 clients of 8,192-token prompts: the stock budget (8,192 tokens, decoders included) would hold
+    # one only in a step with no decoder. The templates': 128 + 8,192 + 1,500, rounded up to 32.
+    row = AGG | {"id": "t1", "backend": "trtllm", "backend_version": "1.0.0rc3", "isl": "8192", "osl": "64",
+                 "silicon_data_source": "silicon_concurrency=8", "batch_size": "8"}
+    path = write_csv(tmp_path / "silicon.csv", row)
+
+    def rerun(name: str, *flags: str) -> pl.DataFrame:
+        code, _, err = outcome(["compare", str(path), "--jobs", "1", "--out", str(tmp_path / name), *flags], capsys)
+        assert code == 0, err
+        return pl.read_parquet(tmp_path / name).sort("statistic")
+
+    default = rerun("default.parquet")
+    by_hand = rerun("hand.parquet", "--client", "plain", "--max-num-batched-tokens", "9824", "--max-num-seqs", "128")
+    stock = rerun("stock.parquet", "--client", "plain", "--max-num-batched-tokens", "8192", "--max-num-seqs", "2048")
+    assert default.equals(by_hand)
+    ttft = pl.col("statistic") == "ttft_mean"
+    # Under the stock budget the clients' prompts run one at a time, each once nobody decodes.
+    assert stock.filter(ttft)["simulated"][0] > 3 * default.filter(ttft)["simulated"][0]
+
+
 def test_each_row_reruns_on_its_own_stacks_profile(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     table = rows(tmp_path, capsys, "default.parquet")
     assert dict(table.select("point", "gpu").unique().iter_rows()) == {"v1": "h100_sxm_vllm",

@@ -142,8 +142,8 @@ def is_silicon(path: Path) -> bool:
 @setting("max_num_seqs", type=int, help="The servers' most sequences per step (vLLM's default there).")
 @click.option("--client", type=click.Choice(CLIENTS), default="supported", show_default=True,
               help="How a silicon CSV's rows are rerun: `supported`, as the data supports they ran, per stack "
-                   "(vLLM with aiconfigurator's token budget max batch + isl + 1500, SGLang and TensorRT-LLM "
-                   "with their stock schedulers; docs/validation/stack-fidelity.md), or `plain`, on the stack's "
+                   "(vLLM and TensorRT-LLM with aiconfigurator's token budget max batch + isl + 1500, SGLang "
+                   "with its stock scheduler; docs/validation/stack-fidelity.md), or `plain`, on the stack's "
                    "stock scheduler as --max-num-batched-tokens and --max-num-seqs give it (which apply to a "
                    "silicon row only under plain, and to a vLLM or aiperf result always).")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of arrivals and client times.")

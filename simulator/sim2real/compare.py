@@ -77,9 +77,16 @@ def client_time(gpu: str) -> float:
 
 def point_config(point: MeasuredPoint, gpu: str, seed: int = 0, scheduler: Scheduler = DEFAULT_SCHEDULER) -> RunConfig:
     """The point's deployment on profile `gpu`; `scheduler`: the server's settings (the default one,
-    vLLM serve's, stands for the stock scheduler of the point's stack: `simulator.deploy.backends`)."""
-    if replace(scheduler, speculation=None) == DEFAULT_SCHEDULER and point.backend != "vllm":
-        scheduler = replace(Scheduler.of(stack_defaults(point.backend)), speculation=scheduler.speculation)
+    vLLM serve's, stands for the stock scheduler of the point's stack, `simulator.deploy.backends`;
+    one that differs from it only in its budget or sequences, for that stack's with those)."""
+    default = DEFAULT_SCHEDULER
+    if point.backend != "vllm" and replace(scheduler, speculation=None, max_num_seqs=default.max_num_seqs,
+                                           max_num_batched_tokens=default.max_num_batched_tokens) == default:
+        # The stack's stock server, with the budget and sequences given where they are not vLLM's defaults.
+        stack = Scheduler.of(stack_defaults(point.backend))
+        given = {name: getattr(scheduler, name) for name in ("max_num_batched_tokens", "max_num_seqs")
+                 if getattr(scheduler, name) != getattr(default, name)}
+        scheduler = replace(stack, speculation=scheduler.speculation, **given)
     method, k, acceptance = scheduler.speculation or (None, None, None)
     fp8_kv = scheduler.fp8_kv_with_fp8_weights and point.quantization == "fp8"
     return RunConfig(policy=scheduler.policy, model=point.model, gpu=gpu, cost="measured",

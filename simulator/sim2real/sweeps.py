@@ -93,7 +93,8 @@ class Hypothesis:
         return pairs
 
 
-SUPPORTED = {"vllm": Hypothesis("bench"), "sglang": Hypothesis("stock"), "trtllm": Hypothesis("stock")}
-"""Per stack, the hypothesis aiconfigurator's silicon rows support best on the rows a fit may use
-(docs/validation/stack-fidelity.md): vLLM with the templates' token budget, SGLang and TensorRT-LLM
-with their stock schedulers; no prompt pool, no cache hits."""
+SUPPORTED = {"vllm": Hypothesis("bench"), "sglang": Hypothesis("stock"), "trtllm": Hypothesis("bench")}
+"""Per stack, the hypothesis aiconfigurator's silicon rows support best (docs/validation/stack-fidelity.md):
+vLLM and TensorRT-LLM with the templates' token budget (TensorRT-LLM's stock 8,192 tokens, decoders
+included, holds an 8,192-token prompt only in a step with no decoder, which the measured TPOTs of
+those rows refute), SGLang with its stock scheduler; no prompt pool, no cache hits."""
