@@ -200,6 +200,7 @@ class MeasuredCost:
         self.tables = tables
         self.extrapolated: Counter[str] = Counter()
         self._by_tokens: dict[tuple[int, int, int, int], tuple[tuple[float, ...], list[str]]] = {}
+        self._by_shape: dict[StepShape, tuple[float, list[str]]] = {}
         model, gpu = tables.model, tables.gpu
         self._decode_seconds = model.kv_bytes_per_token_per_layer / gpu.attn_bw
         self._elementwise_roofline = lambda nbytes: nbytes / gpu.mem_bw
@@ -345,12 +346,23 @@ class MeasuredCost:
                 "overhead": overhead}
 
     def step_time(self, shape: StepShape) -> float:
+        """The sum of `breakdown`, kept per shape with the extrapolations it recorded, which a step
+        of that shape records again (data-parallel ranks and replicas in step repeat shapes)."""
+        kept = self._by_shape.get(shape)
+        if kept is not None:
+            total, recorded = kept
+            if recorded:
+                self.extrapolated.update(recorded)
+            return total
         if shape.num_tokens == 0:
             return 0.0
         before = len(self.extrapolated)
+        counts = Counter(self.extrapolated)
         total = sum(self.breakdown(shape).values())
         if len(self.extrapolated) > before:
             LOG.warning("measured cost extrapolated by roofline: %s", ", ".join(list(self.extrapolated)[before:]))
+        if len(self._by_shape) < SHAPES_KEPT:
+            self._by_shape[shape] = (total, list((self.extrapolated - counts).elements()))
         return total
 
     def decode_step_times(self, num_seqs: int, contexts: np.ndarray) -> np.ndarray:
