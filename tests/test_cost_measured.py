@@ -113,21 +113,45 @@ def test_extrapolation_beyond_the_measured_range_is_recorded() -> None:
     assert not fresh.extrapolated  # records belong to one cost model, one run
 
 
-def test_a_shape_priced_again_costs_and_records_what_a_fresh_model_does() -> None:
-    # A cost model keeps the parts of a step that depend only on its tokens and sequences; a step of a
-    # shape it has seen (same batch, another context; a step past the measured range) must cost and
-    # record exactly what a cost model that never saw it does, step by step.
+@pytest.mark.parametrize("keep_shapes", [False, True])
+def test_a_shape_priced_again_costs_and_records_what_a_fresh_model_does(keep_shapes: bool,
+                                                                        caplog: pytest.LogCaptureFixture) -> None:
+    # A cost model keeps the parts of a step that depend only on its tokens and sequences (and, shared
+    # by servers in step, whole steps); a step of a shape it has seen (same batch, another context; a
+    # step past the measured range; the very same shape) must cost and record exactly what a cost
+    # model that never saw it does, step by step, and warn once per new extrapolation as it does.
     model = LLAMA_3_1_8B
     shapes = [StepShape(8, 8, 8 * c) for c in (900, 1300, 900, 5000)] + [StepShape.from_rows([(16384, 16384)])] * 2
-    shapes += [StepShape.from_rows([(1, 3000)] * 8), StepShape(8, 8, 8 * 2000)]
+    shapes += [StepShape.from_rows([(1, 3000)] * 8), StepShape(8, 8, 8 * 2000), StepShape(8, 8, 8 * 5000)]
     kept = measured_cost(model, "h100_sxm")
+    kept.keep_shapes = keep_shapes
     records: Counter[str] = Counter()
+    warned = []
     for shape in shapes:
         fresh = measured_cost(model, "h100_sxm")
-        assert kept.step_time(shape) == fresh.step_time(shape)  # to the bit
+        caplog.clear()
+        time = kept.step_time(shape)
+        warned += [r.getMessage() for r in caplog.records]
+        assert time == fresh.step_time(shape)  # to the bit
+        stepped = Counter(fresh.extrapolated)
+        records.update(stepped)
+        assert kept.extrapolated == records
         assert kept.breakdown(shape) == fresh.breakdown(shape)
-        records.update(fresh.extrapolated)  # its step_time's and breakdown's
+        records.update(fresh.extrapolated - stepped)  # its breakdown's
     assert records and kept.extrapolated == records
+    assert len(warned) == 1 and "above measured 8192" in warned[0]
+
+
+def test_a_pool_of_several_servers_keeps_step_times_per_shape() -> None:
+    from simulator.deploy.model import load_model
+    from simulator.run.pools import build_pools
+    from workloads import synthetic_workload
+
+    workload = synthetic_workload(input_len=100, output_len=10, rate=1.0, num_requests=4, seed=0)
+    for replicas, kept in ((1, False), (4, True)):
+        config = RunConfig(cost="measured", num_replicas=replicas)
+        [pool], _ = build_pools(config, load_model(config.model), load_gpu(config.gpu), workload)
+        assert isinstance(pool.cost, MeasuredCost) and pool.cost.keep_shapes is kept
 
 
 def test_tensor_parallel_halves_gemms_and_adds_all_reduces() -> None:

@@ -31,7 +31,8 @@ from simulator.errors import InputError
 LOG = logging.getLogger("servesim.cost")
 SHAPES_KEPT = 1 << 16
 """(tokens, sequences) shapes whose token-only parts a cost model keeps (`MeasuredCost._kept`): a
-run's decode steps come back to the same few batch sizes; the bound holds its memory to a few MB."""
+run's decode steps come back to the same few batch sizes; the bound holds its memory to a few MB.
+Also the most whole step shapes it keeps (`MeasuredCost.step_time`)."""
 
 
 @dataclass(frozen=True)
@@ -201,6 +202,10 @@ class MeasuredCost:
         self.extrapolated: Counter[str] = Counter()
         self._by_tokens: dict[tuple[int, int, int, int], tuple[tuple[float, ...], list[str]]] = {}
         self._by_shape: dict[StepShape, tuple[float, list[str]]] = {}
+        self.keep_shapes = False
+        """Keep each step's time per shape: set where servers share the model and run in step
+        (a pool of data-parallel ranks or replicas, `simulator.run.pools`), whose shapes repeat; a
+        lone server's rarely do (its contexts grow), and keeping them would cost it time."""
         model, gpu = tables.model, tables.gpu
         self._decode_seconds = model.kv_bytes_per_token_per_layer / gpu.attn_bw
         self._elementwise_roofline = lambda nbytes: nbytes / gpu.mem_bw
@@ -346,23 +351,36 @@ class MeasuredCost:
                 "overhead": overhead}
 
     def step_time(self, shape: StepShape) -> float:
-        """The sum of `breakdown`, kept per shape with the extrapolations it recorded, which a step
-        of that shape records again (data-parallel ranks and replicas in step repeat shapes)."""
+        """The sum of `breakdown`; with `keep_shapes`, kept per shape with the extrapolations it
+        recorded, which a step of that shape records again."""
+        if shape.num_tokens == 0:
+            return 0.0
+        if not self.keep_shapes:
+            before = len(self.extrapolated)
+            total = sum(self.breakdown(shape).values())
+            if len(self.extrapolated) > before:
+                LOG.warning("measured cost extrapolated by roofline: %s", ", ".join(list(self.extrapolated)[before:]))
+            return total
         kept = self._by_shape.get(shape)
         if kept is not None:
             total, recorded = kept
             if recorded:
                 self.extrapolated.update(recorded)
             return total
-        if shape.num_tokens == 0:
-            return 0.0
-        before = len(self.extrapolated)
-        counts = Counter(self.extrapolated)
-        total = sum(self.breakdown(shape).values())
-        if len(self.extrapolated) > before:
-            LOG.warning("measured cost extrapolated by roofline: %s", ", ".join(list(self.extrapolated)[before:]))
+        outer = self.extrapolated
+        before = len(outer)
+        inner: Counter[str] = Counter()
+        self.extrapolated = inner  # what this shape records, added to the run's below
+        try:
+            total = sum(self.breakdown(shape).values())
+        finally:
+            self.extrapolated = outer
+            if inner:
+                outer.update(inner)
+        if len(outer) > before:
+            LOG.warning("measured cost extrapolated by roofline: %s", ", ".join(list(outer)[before:]))
         if len(self._by_shape) < SHAPES_KEPT:
-            self._by_shape[shape] = (total, list((self.extrapolated - counts).elements()))
+            self._by_shape[shape] = (total, list(inner.elements()) if inner else [])
         return total
 
     def decode_step_times(self, num_seqs: int, contexts: np.ndarray) -> np.ndarray:

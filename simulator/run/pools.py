@@ -87,7 +87,10 @@ def build_pools(config: RunConfig, model: ModelSpec, gpu: GpuSpec, workload: Wor
             raise InputError(f"--kv-offload-gb {config.kv_offload_gb:g} needs a workload whose prompts share "
                              "tokens (--prefix-len, --num-turns, a Mooncake trace's hash_ids): this one has "
                              "nothing for the prefix cache to evict")
-        pools.append(Pool(role, policies, cost or build_cost_model(pool_config, model, pool_gpu), kv_blocks,
+        pool_cost = cost or build_cost_model(pool_config, model, pool_gpu)
+        if count > 1 and hasattr(pool_cost, "keep_shapes"):  # servers in step ask it the same shapes
+            pool_cost.keep_shapes = True
+        pools.append(Pool(role, policies, pool_cost, kv_blocks,
                           config.block_size, build_router(config.router, count, workload.num_requests, config.seed,
                                                           index), caching, host_tier(pool_config, model, pool_gpu),
                           build_speculation(pool_config) if role != "prefill" else None))
