@@ -30,9 +30,8 @@ from simulator.errors import InputError
 
 LOG = logging.getLogger("servesim.cost")
 SHAPES_KEPT = 1 << 16
-"""(tokens, sequences) shapes whose token-only parts a cost model keeps (`MeasuredCost._kept`): a
-run's decode steps come back to the same few batch sizes; the bound holds its memory to a few MB.
-Also the most whole step shapes it keeps (`MeasuredCost.step_time`)."""
+"""Shapes whose token-only parts (and whole steps, `keep_shapes`) a cost model keeps: a run's decode
+steps come back to the same few batch sizes; the bound holds its memory to a few MB."""
 
 
 @dataclass(frozen=True)
@@ -203,9 +202,8 @@ class MeasuredCost:
         self._by_tokens: dict[tuple[int, int, int, int], tuple[tuple[float, ...], list[str]]] = {}
         self._by_shape: dict[StepShape, tuple[float, list[str]]] = {}
         self.keep_shapes = False
-        """Keep each step's time per shape: set where servers share the model and run in step
-        (a pool of data-parallel ranks or replicas, `simulator.run.pools`), whose shapes repeat; a
-        lone server's rarely do (its contexts grow), and keeping them would cost it time."""
+        """Keep step times per shape: set for a pool's servers (`simulator.run.pools`), whose steps
+        in step repeat shapes; a lone server's rarely do (its contexts grow)."""
         model, gpu = tables.model, tables.gpu
         self._decode_seconds = model.kv_bytes_per_token_per_layer / gpu.attn_bw
         self._elementwise_roofline = lambda nbytes: nbytes / gpu.mem_bw
@@ -363,10 +361,8 @@ class MeasuredCost:
             return total
         kept = self._by_shape.get(shape)
         if kept is not None:
-            total, recorded = kept
-            if recorded:
-                self.extrapolated.update(recorded)
-            return total
+            self.extrapolated.update(kept[1])
+            return kept[0]
         outer = self.extrapolated
         before = len(outer)
         inner: Counter[str] = Counter()

@@ -107,13 +107,10 @@ class RunningSet:
 
     def blocks_to_finish(self) -> int:
         """KV blocks the running requests still need to hold all their tokens, prompt and every
-        output token (a padded batch's finished rows none): the explicit rows walked, the decoders
-        read as they are (`Decoders.blocks_to_hold`), none brought up to date."""
+        output token (a padded batch's finished rows none), no decoder brought up to date."""
         kv = self.kv
-        total = self.decoders.blocks_to_hold(kv)
-        for request in self.explicit:
-            total += kv.extra_blocks(request, request.prompt_tokens + request.output_tokens)
-        return total
+        return self.decoders.blocks_to_hold(kv) + sum(
+            kv.extra_blocks(r, r.prompt_tokens + r.output_tokens) for r in self.explicit)
 
     # -- a general step ------------------------------------------------------------------------------
     def take(self, step: Step, now: float) -> StepShape:
