@@ -79,7 +79,7 @@ class Decoders:
         self.key_sum -= key
         if not request.reserved_tokens:
             self.residues[key % self.block_size] -= 1
-            request.blocks = -(-(key + steps - 1) // self.block_size)
+            request.blocks = self._held(key, steps)
         request.emitted = key - request.prompt_tokens + steps
         request.computed = request.prompt_tokens + request.emitted - 1
         return steps - request.decode_since
@@ -89,13 +89,18 @@ class Decoders:
         (`kv.extra_blocks` of each at its full length), read off their keys without bringing them
         up to date: a growing decoder holds the blocks of its context before its next token, as
         `leave` sets them; one whose KV was reserved in full holds what it was given."""
-        total, steps, block_size = 0, self.steps, self.block_size
+        total, steps = 0, self.steps
         for request in self.members:
-            held = request.blocks if request.reserved_tokens else -(-(request.decode_key + steps - 1) // block_size)
-            extra = -(-(request.prompt_tokens + request.output_tokens) // block_size) - held - request.hit_in_use
+            held = request.blocks if request.reserved_tokens else self._held(request.decode_key, steps)
+            extra = kv.blocks_for(request.prompt_tokens + request.output_tokens) - held - request.hit_in_use
             if extra > 0:
                 total += extra
         return total
+
+    def _held(self, key: int, steps: int) -> int:
+        """The KV blocks a growing decoder of `key` holds after `steps` steps: its context's before
+        its next token."""
+        return -(-(key + steps - 1) // self.block_size)
 
     def blocks_needed(self, ahead: int = 0) -> int:
         """KV blocks the decoders need for the step `ahead` steps from now."""
