@@ -101,8 +101,11 @@ class Waiting:
 class OracleServer:
     def __init__(self, env: simpy.Environment, policy: Policy, cost: CostModel, kv: KVBlocks,
                  on_finish: Callable[[Request, float], None] | None = None,
-                 speculation: Speculation | None = None) -> None:
+                 speculation: Speculation | None = None, async_scheduling: bool = False) -> None:
         self.env, self.policy, self.cost, self.kv, self.on_finish = env, policy, cost, kv, on_finish
+        self.async_scheduling = async_scheduling
+        self.unplanned: list[tuple[float, Request]] = []  # arrived after the plan of the step under way
+        self.last_step = (-math.inf, -math.inf)  # (start, end) of the last step taken
         self.draft_tokens = 0 if speculation is None else speculation.num_tokens
         self.speculation = speculation
         self.verify_steps: dict[int, int] = {}
@@ -153,6 +156,9 @@ class OracleServer:
                    if not r.is_finished)
 
     def submit(self, request: Request) -> None:
+        if self.async_scheduling and not self._sleeping:
+            self.unplanned.append((self.env.now, request))
+            return
         self.waiting.push(request)
         if self._sleeping:
             self._sleeping = False
@@ -161,6 +167,12 @@ class OracleServer:
     def _serve(self) -> Generator[simpy.Event, Any, None]:
         kv = self.kv
         while True:
+            # Async scheduling: this step was planned when the last one started, if one ran up to now
+            # with requests in flight; else it is planned now.
+            start, end = self.last_step
+            planned_at = start if end == self.env.now and self.run_list else math.inf
+            while self.unplanned and self.unplanned[0][0] < planned_at:
+                self.waiting.push(self.unplanned.pop(0)[1])
             ended = [request for end, request in self.loads if end <= self.env.now]
             self.loads = [(end, request) for end, request in self.loads if end > self.env.now]
             for request in ended:
@@ -179,6 +191,11 @@ class OracleServer:
             rows = [(r, n + self.draft_tokens if r.is_decoding else n) for r, n in rows]
             admits = [(r, n) for r, n in step.tokens.items() if r not in self.run_list]
             if not rows and not admits:
+                if self.unplanned:  # an idle scheduler plans with them now
+                    for _, request in self.unplanned:
+                        self.waiting.push(request)
+                    self.unplanned = []
+                    continue
                 self._start_loads()
                 wake_at = min(([step.wake_at] if step.wake_at is not None else []) + [end for end, _ in self.loads],
                               default=None)
@@ -225,6 +242,7 @@ class OracleServer:
             start = self.env.now
             duration = self.cost.step_time(shape)
             yield ArrivalTimeout(self.env, duration, self.priority)
+            self.last_step = (start, self.env.now)
             if cache_stats[0]:
                 self.log.cache_queries(len(self.log), *cache_stats)
             self._advance(all_rows, start, duration, shape, num_preempted)
@@ -315,7 +333,7 @@ class OracleServer:
                     self._finish(request)
         real = sum(n for _, n in rows)
         log.append(start, duration, len(rows), real - decode, decode, shape.num_tokens - real, self.kv.num_used,
-                   len(self.waiting), len(self.run_list), num_preempted)
+                   len(self.waiting) + len(self.unplanned), len(self.run_list), num_preempted)
 
     def _verify(self, request: Request, index: int) -> None:
         assert self.speculation is not None
@@ -348,7 +366,7 @@ class OracleServer:
 
 def run_oracle(policy: Policy, cost: CostModel, kv_blocks: int, block_size: int, workload: Workload,
                time_limit: float | None, prefix_caching: bool = False, speculation: Speculation | None = None,
-               host: HostTier | None = None
+               host: HostTier | None = None, async_scheduling: bool = False
                ) -> tuple[RequestColumns, StepLog, float]:
     env = simpy.Environment()
     requests: list[Request] = []
@@ -369,7 +387,7 @@ def run_oracle(policy: Policy, cost: CostModel, kv_blocks: int, block_size: int,
 
         clients = SessionClients(env, workload, send, lambda delay: ArrivalTimeout(env, delay))
         server = OracleServer(env, policy, cost, KVBlocks(kv_blocks, block_size, prefix_caching, host),
-                              on_finish=clients.on_finish, speculation=speculation)
+                              on_finish=clients.on_finish, speculation=speculation, async_scheduling=async_scheduling)
         clients.start()
     elif workload.arrival is None:
         def next_client(_finished: Request, at: float) -> None:
@@ -377,13 +395,13 @@ def run_oracle(policy: Policy, cost: CostModel, kv_blocks: int, block_size: int,
                 server.submit(make_request(at))
 
         server = OracleServer(env, policy, cost, KVBlocks(kv_blocks, block_size, prefix_caching, host),
-                              on_finish=next_client, speculation=speculation)
+                              on_finish=next_client, speculation=speculation, async_scheduling=async_scheduling)
         assert workload.concurrency is not None
         for _ in range(min(workload.concurrency, workload.num_requests)):
             server.submit(make_request(0.0))
     else:
         server = OracleServer(env, policy, cost, KVBlocks(kv_blocks, block_size, prefix_caching, host),
-                              speculation=speculation)
+                              speculation=speculation, async_scheduling=async_scheduling)
 
         def arrive() -> Generator[simpy.Event, Any, None]:
             for t in workload.arrival.tolist():  # type: ignore[union-attr]
@@ -405,7 +423,7 @@ class OracleLoad:
 
     @property
     def num_requests(self) -> int:
-        return len(self.server.waiting) + len(self.server.run_list)
+        return len(self.server.waiting) + len(self.server.unplanned) + len(self.server.run_list)
 
     @property
     def kv_share(self) -> float:
@@ -441,7 +459,8 @@ def run_oracle_fleet(pools: list[Pool], link: KVLink | None, workload: Workload,
             route(at)
 
     servers = [OracleServer(env, policy, pool.cost, KVBlocks(pool.kv_blocks, pool.block_size, pool.prefix_caching),
-                            on_finish=next_client, speculation=pool.speculation) for policy in pool.policies]
+                            on_finish=next_client, speculation=pool.speculation,
+                            async_scheduling=pool.async_scheduling) for policy in pool.policies]
     for index, server in enumerate(servers):
         server.priority = NORMAL + index
     loads = [OracleLoad(server) for server in servers]

@@ -91,7 +91,7 @@ def test_random_workloads(policy: str, run_min: int, data: st.DataObject, limit:
 
 def check_random_case(policy: str, data: st.DataObject, limit: float | None, unit_cost: bool,
                       integer_times: bool, speculation: dict[str, Any] | None = None) -> None:
-    """`speculation`: settings of speculative decoding the case runs with (a squeezed KV cache
+    """`speculation`: settings the case runs with, as of speculative decoding (a squeezed KV cache
     given the blocks its verify steps' draft tokens take beyond the longest request)."""
     case = data.draw(cases(policy))
     workload = case.workload
@@ -105,7 +105,7 @@ def check_random_case(policy: str, data: st.DataObject, limit: float | None, uni
     config = case.config
     if speculation is not None:
         config = replace(config, **speculation)
-        if config.num_gpu_blocks_override is not None:
+        if config.num_gpu_blocks_override is not None and config.num_speculative_tokens:
             extra = -(-config.num_speculative_tokens // config.block_size)  # type: ignore[operator]
             config = replace(config, num_gpu_blocks_override=config.num_gpu_blocks_override + extra)
     cost = UnitCost if unit_cost else None
@@ -260,3 +260,16 @@ def test_cost_type_is_respected() -> None:
     assert engine[0].steps.equals(oracle[0].steps)
     # Not a pure model (it counts): both ask about exactly the steps they run.
     assert len(counted) == 2 * oracle[0].steps.height
+
+
+@pytest.mark.parametrize("policy", [*POLICIES, "inflight", "prefill-first"])
+@settings(SETTINGS, max_examples=max(ENGINE_EXAMPLES // 2, 10))
+@given(data=st.data(), limit=st.none() | st.floats(0.05, 0.95), unit_cost=st.booleans(), integer_times=st.booleans())
+def test_random_workloads_async_scheduling(policy: str, data: st.DataObject, limit: float | None, unit_cost: bool,
+                                           integer_times: bool) -> None:
+    """Async scheduling (each step planned while the one before it runs) on the random cases, the
+    stack policies' on the cases of the policies whose settings fit them: the oracle's tables,
+    whose server holds every request that arrived after the last step started out of the waiting
+    queue one step longer, and takes every step alone."""
+    like = {"inflight": "continuous", "prefill-first": "chunked"}.get(policy, policy)
+    check_random_case(like, data, limit, unit_cost, integer_times, {"async_scheduling": True, "policy": policy})

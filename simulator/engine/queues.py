@@ -12,6 +12,7 @@ turn for ever when the KV cache holds only one of them).
 from __future__ import annotations
 
 import heapq
+import math
 from bisect import bisect_left, insort
 from collections import deque
 from collections.abc import Iterator
@@ -42,6 +43,17 @@ class FcfsQueue(deque[Request]):
             self.popleft()
         else:
             super().remove(request)
+
+
+@mypyc_attr(native_class=False)  # a compiled class cannot subclass deque (setup.py)
+class Unplanned(deque[tuple[float, Request]]):
+    """Under async scheduling, (arrival, request) of the requests that arrived after the plan of the
+    step under way (`simulator.engine.server`), in order of arrival."""
+
+    def plan(self, waiting: FcfsQueue | PriorityQueue, before: float = math.inf) -> None:
+        """Into `waiting`, in order, those that arrived before `before` (every one by default)."""
+        while self and self[0][0] < before:
+            waiting.push(self.popleft()[1])
 
 
 def _order(request: Request) -> tuple[int, float, int]:

@@ -30,7 +30,7 @@ in, and one row per step with the running set's counts after it.
 from __future__ import annotations
 
 from bisect import bisect_right
-from collections.abc import Callable
+from collections.abc import Callable, Sized
 from operator import attrgetter
 from typing import Any
 
@@ -57,10 +57,10 @@ class RunningSet:
     def __init__(self, kv: KVBlocks, waiting: FcfsQueue | PriorityQueue, order: AdmissionOrder, log: StepLog,
                  on_finish: Callable[[Request, float], None] | None = None,
                  speculation: Speculation | None = None) -> None:
-        self.kv = kv
-        self.waiting = waiting
-        self.order = order
-        """The preemption order."""
+        self.kv, self.waiting = kv, waiting
+        self.unplanned: Sized = ()
+        """Requests that arrived but wait for a step's plan (the server's, under async scheduling)."""
+        self.order = order  # the preemption order
         self.log = log
         self.on_finish = on_finish
         """Told (request, time) as each request finishes."""
@@ -310,7 +310,7 @@ class RunningSet:
         k, index, steps0, live0 = len(ends), self._num_logged, decoders.steps, decoders.count
         rows = len(self.batch_rows) if self.batch is not None else live0
         kv_used0, running0 = self.kv.num_used, self.num_running
-        waiting0 = len(self.waiting) - len(submitted)
+        waiting0 = len(self.waiting) + len(self.unplanned) - len(submitted)
         decoders.steps += k
         if used[-1]:
             self.kv.take(int(used[-1]))
@@ -391,7 +391,7 @@ class RunningSet:
         log, kv = self.log, self.kv
         num_seqs, prefill_tokens, decode_tokens, padded_tokens, num_preempted = self._counts
         log.append(start, duration, num_seqs, prefill_tokens, decode_tokens, padded_tokens, kv.num_used,
-                   len(self.waiting), self.num_running, num_preempted)
+                   len(self.waiting) + len(self.unplanned), self.num_running, num_preempted)
         self._num_logged += 1
         queried, hit, host_hit = self._cache_counts
         if kv.queried_tokens != queried:

@@ -31,6 +31,11 @@ of part of a prefix-cache hit the policy read, the time limit, or the next event
 (`horizon`: the clock's next event, an arrival; in a fleet the next arrival only, since other
 servers' step ends cannot). The k steps are one SimPy timeout, after which the running set commits
 them; when the first step is the last, it is taken as any other step.
+
+Under async scheduling (vLLM's `--async-scheduling`, SGLang's and TensorRT-LLM's overlap scheduler)
+the scheduler plans each step while the one before it runs: a request that arrives once a step has
+started (`unplanned`) joins the waiting queue at the next step boundary but one, and while one
+waits the decoders run a step at a time. A server with nothing in flight plans at once, as in step.
 """
 
 from __future__ import annotations
@@ -50,7 +55,7 @@ from simulator.engine import stretch
 from simulator.engine.clock import Clock
 from simulator.engine.kv import KVBlocks
 from simulator.engine.offload import HostLink
-from simulator.engine.queues import WaitingWithHits, make_queues
+from simulator.engine.queues import Unplanned, WaitingWithHits, make_queues
 from simulator.engine.request import Request
 from simulator.engine.running import RunningSet
 from simulator.engine.speculation import Speculation
@@ -77,7 +82,8 @@ class Server:
 
     def __init__(self, env: Clock, policy: Policy, cost: CostModel, kv: KVBlocks, log: StepLog,
                  time_limit: float | None = None, on_finish: Callable[[Request, float], None] | None = None,
-                 on_step: Callable[[int, float], None] | None = None, speculation: Speculation | None = None) -> None:
+                 on_step: Callable[[int, float], None] | None = None, speculation: Speculation | None = None,
+                 async_scheduling: bool = False) -> None:
         self.env = env
         self.policy = policy
         self.cost = cost
@@ -118,6 +124,10 @@ class Server:
         self.next_arrival = math.inf
         self._due_index = 0
         self._make: Callable[[float], Request] | None = None
+        self.async_scheduling = async_scheduling  # see the module docstring
+        self.unplanned = self.running_set.unplanned = Unplanned()
+        self.last_start = self.last_end = -math.inf
+        """The start and end of the last step taken."""
         self._wakeup = simpy.Store(env)
         self._sleeping = False
         self._serving = self._serve()
@@ -165,8 +175,12 @@ class Server:
         return self.running_set.num_finished
 
     def submit(self, request: Request, at: float | None = None) -> None:
-        """A request joins the waiting queue (at `at`, or now)."""
-        self.running_set.waiting.push(request)
+        """A request joins the waiting queue (at `at`, or now); under async scheduling, while the
+        server is not idle, the requests planned after its arrival (`unplanned`)."""
+        if self.async_scheduling and not self._sleeping:
+            self.unplanned.append((self.env.now if at is None else at, request))
+        else:
+            self.running_set.waiting.push(request)
         if self.submitted is not None:
             self.submitted.append(self.env.now if at is None else at)
         if self._sleeping:
@@ -207,6 +221,9 @@ class Server:
             if loads and loads[0][0] <= self.clock:
                 self._loaded()
             read_hits.clear()
+            if self.unplanned:  # this step was planned as the last one started, if it ran up to now
+                busy = self.last_end == self.clock and running.num_running
+                self.unplanned.plan(running.waiting, self.last_start if busy else math.inf)
             step = policy(self)
             decode = step.decode and decoders.count > 0
             if not step.tokens and not decode:
@@ -215,7 +232,8 @@ class Server:
                 yield from self._sleep(self._wake_at(step.wake_at) if loads else step.wake_at)
             elif (not step.tokens and not speculative and not host_reads
                   and decoders.blocks_needed() <= kv.num_free):
-                yield from self._decode(self._wake_at(step.wake_at) if loads else step.wake_at)
+                wake_at = self._wake_at(step.wake_at) if loads else step.wake_at
+                yield from self._decode(self.clock if self.unplanned else wake_at)  # one step, then plan them
             else:
                 yield from self._step(step)
 
@@ -254,6 +272,9 @@ class Server:
             waiting.requeue(request)
 
     def _sleep(self, wake_at: float | None) -> Process:
+        if self.unplanned:  # an idle scheduler plans the next step with them
+            self.unplanned.plan(self.running_set.waiting)
+            return
         if wake_at is None and (len(self.waiting) or self.num_running):
             raise PolicyStalledError(
                 f"the policy scheduled nothing at t={self.clock:.6f} s while {len(self.waiting)} requests "
@@ -293,6 +314,7 @@ class Server:
             yield env.timeout_at(arrival, self.priority)
         self.clock = env.now
         self._arrive(self.clock)
+        self.unplanned.plan(self.running_set.waiting)
 
     def _step(self, step: Step) -> Process:
         """One step of any kind, the decoders taking part as one."""
@@ -310,7 +332,7 @@ class Server:
         finished = running.advance(end)
         if finished or end >= self.horizon():
             yield self.env.timeout_at(end, self.priority)
-        self.clock = end
+        self.clock, self.last_start, self.last_end = end, start, end
         if end >= self.next_arrival:
             self._arrive(end)
         for request in finished:
@@ -344,7 +366,8 @@ class Server:
             if plan.end >= self.next_arrival:
                 self._arrive(plan.end)
             running.run_decoders(plan.start, plan.durations, plan.ends, plan.used, submitted)
-            self.clock = plan.end
+            self.clock = self.last_end = plan.end
+            self.last_start = float(plan.ends[-2]) if len(plan.ends) > 1 else plan.start
             self.submitted = None
             if plan.crossing is not None:  # priced already: the step the clock stops in
                 yield self.env.timeout_at(plan.crossing, self.priority)
@@ -357,7 +380,7 @@ class Server:
         finished = running.advance(end)
         if finished or end >= (seen if running.batch is None and wake_at is None else self.horizon()):  # read once
             yield self.env.timeout_at(end, self.priority)
-        self.clock = end
+        self.clock, self.last_start, self.last_end = end, start, end
         if end >= self.next_arrival:
             self._arrive(end)
         for request in finished:
