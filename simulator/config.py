@@ -73,6 +73,10 @@ class RunConfig:
     """Use exactly this many KV blocks instead of sizing them from GPU memory (as vLLM's flag)."""
     enable_prefix_caching: bool = True
     """vLLM V1's automatic prefix caching (its default: on); it acts on workloads with prefix identity."""
+    async_scheduling: bool = False
+    """Each step planned while the one before it runs (vLLM's --async-scheduling, SGLang's and
+    TensorRT-LLM's overlap scheduler): a request that arrives after a step started waits for the step
+    after the next (simulator.engine.server)."""
     # KV offload: a host tier under the prefix cache (simulator.engine.kv), one server only.
     kv_offload_gb: float = 0.0
     """GB (1e9 bytes) of host memory per server holding KV blocks the GPU cache evicted; 0: none."""

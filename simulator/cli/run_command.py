@@ -179,6 +179,11 @@ def read_by(setting: str) -> str:
               default=DEFAULTS["enable_prefix_caching"], show_default=True,
               help="As vllm serve: automatic prefix caching of full KV blocks (acts on workloads with prefix "
                    "identity: --prefix-len, Mooncake hash_ids).")
+@click.option("--async-scheduling/--no-async-scheduling", "async_scheduling",
+              default=DEFAULTS["async_scheduling"], show_default=True,
+              help="As vllm serve (and SGLang's and TensorRT-LLM's overlap scheduler): plan each step while the "
+                   "one before it runs, so a request that arrives after a step started joins the step after "
+                   "the next [default with --backend: the stack's, on].")
 @setting("gpu_memory_utilization", help="Share of GPU memory for weights, activations and KV cache.")
 @setting("num_gpu_blocks_override", help="Exactly this many KV blocks [default: sized from memory].")
 @setting("kv_offload_gb", help="KV offload: GB of host memory per server holding the KV blocks the prefix "

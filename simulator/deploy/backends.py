@@ -39,6 +39,7 @@ measured table's harness used them is not known (../shared/reference/serving/REA
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from simulator.errors import InputError, clip
@@ -65,6 +66,9 @@ class StackDefaults:
     fp8_kv_with_fp8_weights: bool = False
     """The KV cache is fp8 where the weights are (TRT-LLM: its `auto` KV dtype follows an FP8
     checkpoint's); else it is the model's dtype unless the user says otherwise."""
+    async_scheduling: bool = True
+    """Each step planned while the one before it runs (vLLM's async scheduling, SGLang's and
+    TRT-LLM's overlap scheduler; module docstring)."""
 
 
 DEFAULTS = {
@@ -98,13 +102,31 @@ def bench_scheduler(backend: str, input_len: int, max_batch: int = BENCH_MAX_BAT
     if backend == "trtllm":
         budget = -(-budget // TRTLLM_TOKENS_PER_BLOCK) * TRTLLM_TOKENS_PER_BLOCK
         return StackDefaults(backend, stock.version, stock.policy, budget, max_batch, False,
-                             stock.fp8_kv_with_fp8_weights)
+                             stock.fp8_kv_with_fp8_weights, stock.async_scheduling)
     if backend == "sglang":  # enable_mixed_chunk true: chunked prefill mixed with decodes, as vLLM's
-        return StackDefaults(backend, stock.version, "chunked", budget, max_batch, True)
-    return StackDefaults(backend, stock.version, stock.policy, budget, max_batch, True)
+        return StackDefaults(backend, stock.version, "chunked", budget, max_batch, True,
+                             async_scheduling=stock.async_scheduling)
+    return StackDefaults(backend, stock.version, stock.policy, budget, max_batch, True,
+                         async_scheduling=stock.async_scheduling)
 
 
-STACK_SETTINGS = ("policy", "max_num_batched_tokens", "max_num_seqs", "enable_prefix_caching")
+VLLM_ASYNC_SINCE = (0, 14)
+"""vLLM schedules asynchronously by default from 0.14.0 on (its release notes: "Async scheduling is
+now enabled by default", vllm-project/vllm#27614); before, `--async-scheduling` was opt-in."""
+
+
+def async_by_default(backend: str, version: str | None) -> bool:
+    """Did `version` of `backend` schedule asynchronously by default? SGLang's overlap scheduler is on
+    by default throughout 0.5 (`disable_overlap_schedule` False) and TensorRT-LLM's throughout 1.x
+    (`disable_overlap_scheduler` False); vLLM's from 0.14 (`VLLM_ASYNC_SINCE`). An unknown version
+    is taken as the stock one's."""
+    if backend != "vllm" or version is None:
+        return stack_defaults(backend).async_scheduling
+    numbers = [int(part) for part in re.findall(r"\d+", version)[:2]]
+    return len(numbers) < 2 or tuple(numbers) >= VLLM_ASYNC_SINCE
+
+
+STACK_SETTINGS = ("policy", "max_num_batched_tokens", "max_num_seqs", "enable_prefix_caching", "async_scheduling")
 
 
 def stack_settings(settings: dict[str, object], given: set[str], shipped: list[str]) -> dict[str, object]:

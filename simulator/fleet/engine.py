@@ -71,6 +71,8 @@ class Pool:
     speculation: Speculation | None = None
     """Its servers' speculative decoding (`simulator.engine.speculation`), or None: every server
     verifies with the same settings, each request drawing from its own stream wherever it runs."""
+    async_scheduling: bool = False
+    """Its servers plan each step while the one before it runs (`simulator.engine.server`)."""
 
 
 @dataclass
@@ -86,14 +88,15 @@ class FleetResult:
 
 
 class ServerLoad:
-    """A server as a router reads it: waiting + running, and KV in use at the clock's instant."""
+    """A server as a router reads it: waiting (planned or not yet) + running, and KV in use at the
+    clock's instant."""
 
     def __init__(self, server: Server) -> None:
         self.server = server
 
     @property
     def num_requests(self) -> int:
-        return len(self.server.waiting) + self.server.num_running
+        return len(self.server.waiting) + len(self.server.unplanned) + self.server.num_running
 
     @property
     def kv_share(self) -> float:
@@ -143,7 +146,8 @@ class Fleet:
         self.env, self.pools, self.link, self.on_step = env, pools, link, on_step
         progress = self._progress if on_step is not None else None
         self.servers = [[Server(env, policy, pool.cost, KVBlocks(pool.kv_blocks, pool.block_size, pool.prefix_caching),
-                                StepLog(), time_limit, on_step=progress, speculation=pool.speculation)
+                                StepLog(), time_limit, on_step=progress, speculation=pool.speculation,
+                                async_scheduling=pool.async_scheduling)
                         for policy in pool.policies]
                         for pool in pools]
         for index, server in enumerate(server for pool_servers in self.servers for server in pool_servers):

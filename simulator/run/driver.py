@@ -54,8 +54,8 @@ def drive(workload: Workload, time_limit: float | None, clients: ClientKind,
 def run_engine(policy: Policy, cost: CostModel, kv_blocks: int, block_size: int, workload: Workload,
                time_limit: float | None, on_step: Callable[[int, float], None] | None = None,
                prefix_caching: bool = False, clients: ClientKind = workload_clients,
-               speculation: Speculation | None = None, host: HostTier | None = None
-               ) -> tuple[RequestColumns, StepLog, float]:
+               speculation: Speculation | None = None, host: HostTier | None = None,
+               async_scheduling: bool = False) -> tuple[RequestColumns, StepLog, float]:
     """One server, fed by `clients` (by default the ones the workload says), speculating as
     `speculation` says (`simulator.engine.speculation`) or not at all; `host`: its KV cache's host
     tier."""
@@ -64,7 +64,7 @@ def run_engine(policy: Policy, cost: CostModel, kv_blocks: int, block_size: int,
 
     def server(env: Clock, senders: Clients) -> Server:
         return Server(env, policy, cost, kv, log, time_limit, on_finish=senders.on_finish, on_step=on_step,
-                      speculation=speculation)
+                      speculation=speculation, async_scheduling=async_scheduling)
 
     requests, end_time, _ = drive(workload, time_limit, clients, server)
     return requests, log, end_time

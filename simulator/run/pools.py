@@ -93,7 +93,8 @@ def build_pools(config: RunConfig, model: ModelSpec, gpu: GpuSpec, workload: Wor
         pools.append(Pool(role, policies, pool_cost, kv_blocks,
                           config.block_size, build_router(config.router, count, workload.num_requests, config.seed,
                                                           index), caching, host_tier(pool_config, model, pool_gpu),
-                          build_speculation(pool_config) if role != "prefill" else None))
+                          build_speculation(pool_config) if role != "prefill" else None,
+                          pool_config.async_scheduling))
     link = None
     if disaggregated(config):
         kv_bytes = max(gpu_shard(pool_config, model).kv_bytes_per_token for _, _, pool_config in pool_configs(config))

@@ -82,9 +82,11 @@ def simulate(config: RunConfig, workload: Workload | None = None, cost: CostMode
     host = pool.host if caching else None
     if engine is not None:
         requests, log, end_time = engine(policy, pool.cost, pool.kv_blocks, pool.block_size, workload, limit,
-                                         prefix_caching=caching, speculation=speculation, host=host)
+                                         prefix_caching=caching, speculation=speculation, host=host,
+                                         async_scheduling=pool.async_scheduling)
     else:
         with run_progress(workload.num_requests, progress) as on_step:
             requests, log, end_time = run_engine(policy, pool.cost, pool.kv_blocks, pool.block_size, workload, limit,
-                                                 on_step, caching, clients, speculation, host)
+                                                 on_step, caching, clients, speculation, host,
+                                                 pool.async_scheduling)
     return run_result(config, model, gpu, [pool], workload, requests, log, end_time)

@@ -18,7 +18,7 @@ import numpy as np
 import polars as pl
 
 from simulator.config import DEFAULTS, RunConfig
-from simulator.deploy.backends import StackDefaults, stack_defaults, stack_profile
+from simulator.deploy.backends import StackDefaults, async_by_default, stack_defaults, stack_profile
 from simulator.deploy.hardware import available_gpus, load_profile
 from simulator.errors import InputError
 from simulator.run.clients import ClientRun
@@ -41,6 +41,9 @@ class Scheduler:
     enable_prefix_caching: bool = DEFAULTS["enable_prefix_caching"]
     num_dataset_entries: int | None = None
     fp8_kv_with_fp8_weights: bool = False
+    async_scheduling: bool = False
+    """As the stack plans its steps (`simulator.deploy.backends`); a point reruns with it where the
+    point's version of its stack scheduled so by default (`async_by_default`)."""
     speculation: tuple[str, int, str] | None = None
     """Speculative decoding every server runs with, as (method, k, acceptance): `RunConfig`'s
     `speculative_method`, `num_speculative_tokens`, `spec_acceptance` (None: none); a hypothesis
@@ -50,7 +53,7 @@ class Scheduler:
     def of(cls, stack: StackDefaults, num_dataset_entries: int | None = None) -> Scheduler:
         """A stack's scheduler (`simulator.deploy.backends`: its stock one, or a benchmark template's)."""
         return cls(stack.max_num_batched_tokens, stack.max_num_seqs, stack.policy, stack.enable_prefix_caching,
-                   num_dataset_entries, stack.fp8_kv_with_fp8_weights)
+                   num_dataset_entries, stack.fp8_kv_with_fp8_weights, stack.async_scheduling)
 
 
 DEFAULT_SCHEDULER = Scheduler()
@@ -96,6 +99,8 @@ def point_config(point: MeasuredPoint, gpu: str, seed: int = 0, scheduler: Sched
                      enable_prefix_caching=scheduler.enable_prefix_caching, backend=point.backend,
                      num_dataset_entries=scheduler.num_dataset_entries, kv_cache_dtype="fp8" if fp8_kv else "auto",
                      speculative_method=method, num_speculative_tokens=k, spec_acceptance=acceptance,
+                     async_scheduling=scheduler.async_scheduling and async_by_default(point.backend,
+                                                                                      point.backend_version),
                      **deployment_settings(point))
 
 
