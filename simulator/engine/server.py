@@ -314,7 +314,8 @@ class Server:
             yield env.timeout_at(arrival, self.priority)
         self.clock = env.now
         self._arrive(self.clock)
-        self.unplanned.plan(self.running_set.waiting)
+        if self.unplanned:
+            self.unplanned.plan(self.running_set.waiting)
 
     def _step(self, step: Step) -> Process:
         """One step of any kind, the decoders taking part as one."""
