@@ -40,7 +40,7 @@ measured table's harness used them is not known (../shared/reference/serving/REA
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from simulator.errors import InputError, clip
 
@@ -99,15 +99,11 @@ def bench_scheduler(backend: str, input_len: int, max_batch: int = BENCH_MAX_BAT
     `backend` serving `input_len`-token prompts (module docstring): budget max batch + isl + 1500."""
     stock = stack_defaults(backend)
     budget = max_batch + input_len + 1500
-    if backend == "trtllm":
+    if backend == "trtllm":  # KV block reuse off; the budget in whole blocks
         budget = -(-budget // TRTLLM_TOKENS_PER_BLOCK) * TRTLLM_TOKENS_PER_BLOCK
-        return StackDefaults(backend, stock.version, stock.policy, budget, max_batch, False,
-                             stock.fp8_kv_with_fp8_weights, stock.async_scheduling)
-    if backend == "sglang":  # enable_mixed_chunk true: chunked prefill mixed with decodes, as vLLM's
-        return StackDefaults(backend, stock.version, "chunked", budget, max_batch, True,
-                             async_scheduling=stock.async_scheduling)
-    return StackDefaults(backend, stock.version, stock.policy, budget, max_batch, True,
-                         async_scheduling=stock.async_scheduling)
+    # SGLang's enable_mixed_chunk true: chunked prefill mixed with decodes, as vLLM's
+    return replace(stock, policy="chunked" if backend == "sglang" else stock.policy, max_num_batched_tokens=budget,
+                   max_num_seqs=max_batch, enable_prefix_caching=backend != "trtllm")
 
 
 VLLM_ASYNC_SINCE = (0, 14)
