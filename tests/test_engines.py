@@ -90,9 +90,10 @@ def test_random_workloads(policy: str, run_min: int, data: st.DataObject, limit:
 
 
 def check_random_case(policy: str, data: st.DataObject, limit: float | None, unit_cost: bool,
-                      integer_times: bool, speculation: dict[str, Any] | None = None) -> None:
-    """`speculation`: settings the case runs with, as of speculative decoding (a squeezed KV cache
-    given the blocks its verify steps' draft tokens take beyond the longest request)."""
+                      integer_times: bool, extra: dict[str, Any] | None = None) -> None:
+    """`extra`: `RunConfig` fields the case runs with beyond its own (under speculative decoding
+    a squeezed KV cache is given the blocks its verify steps' draft tokens take beyond the longest
+    request)."""
     case = data.draw(cases(policy))
     workload = case.workload
     if unit_cost and integer_times and workload.arrival is not None:
@@ -103,8 +104,8 @@ def check_random_case(policy: str, data: st.DataObject, limit: float | None, uni
             data.draw(st.lists(st.integers(0, levels - 1), min_size=workload.num_requests,
                                max_size=workload.num_requests)), dtype=np.int64))
     config = case.config
-    if speculation is not None:
-        config = replace(config, **speculation)
+    if extra is not None:
+        config = replace(config, **extra)
         if config.num_gpu_blocks_override is not None and config.num_speculative_tokens:
             extra = -(-config.num_speculative_tokens // config.block_size)  # type: ignore[operator]
             config = replace(config, num_gpu_blocks_override=config.num_gpu_blocks_override + extra)
