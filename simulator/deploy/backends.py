@@ -28,6 +28,11 @@ default is and where its source says so:
   to follow checkpoint metadata"), and an FP8 checkpoint (ModelOpt, `kv_cache_quant_algo` FP8, as
   NVIDIA's FP8 checkpoints ship) stores KV in fp8: one byte per element, twice the tokens in the
   same memory and half the bytes a decode step reads.
+- All three plan each step while the one before it runs (`async_scheduling`,
+  `simulator.engine.server`): vLLM's `--async-scheduling`, on by default from 0.14 unless pipeline
+  parallelism, some speculative methods or the Ray executor turn it off (vllm/config/vllm.py);
+  SGLang's overlap scheduler (`disable_overlap_schedule` False, `event_loop_overlap`);
+  TensorRT-LLM's overlap executor loop (`disable_overlap_scheduler` False).
 
 aiconfigurator's benchmark templates set these differently (ai-dynamo/aiconfigurator 095f58a,
 src/aiconfigurator/generator/rule_plugin/benchmark/{vllm,sglang,trtllm}.rule): max batch 128, vLLM's
