@@ -26,6 +26,7 @@ COMPILED = [
     "simulator/engine/blocks.py",
     "simulator/engine/decoders.py",
     "simulator/engine/kv.py",
+    "simulator/engine/loads.py",
     "simulator/engine/offload.py",
     "simulator/engine/queues.py",
     "simulator/engine/request.py",

@@ -41,7 +41,6 @@ waits the decoders run a step at a time. A server with nothing in flight plans a
 from __future__ import annotations
 
 import math
-from collections import deque
 from collections.abc import Callable, Generator, Sequence
 from functools import partial
 from typing import Any
@@ -54,7 +53,7 @@ from simulator.cost import CostModel
 from simulator.engine import stretch
 from simulator.engine.clock import Clock
 from simulator.engine.kv import KVBlocks
-from simulator.engine.offload import HostLink
+from simulator.engine.loads import HostLoads
 from simulator.engine.queues import Unplanned, WaitingWithHits, make_queues
 from simulator.engine.request import Request
 from simulator.engine.running import RunningSet
@@ -115,10 +114,8 @@ class Server:
         self.stretch_kv: tuple[Sequence[float], Sequence[int]] | None = None
         """While a decode stretch is waited for: its step ends and the KV blocks its steps took by
         then (cumulative), which it commits at its end; a router reads the blocks held mid-stretch."""
-        self.link = HostLink(kv.host) if kv.offload is not None and kv.host is not None else None
-        """With a KV host tier: its link's load direction."""
-        self.loads: deque[tuple[float, Request]] = deque()
-        """Loads from the host tier in flight: (end, request), in order of their ends."""
+        self.host = HostLoads(kv, self.running_set.waiting)
+        """Loads from the KV host tier in flight."""
         self.due: list[float] = []
         """A fed server's arrival times (`feed`), in order; `next_arrival` the first not yet submitted."""
         self.next_arrival = math.inf
@@ -214,12 +211,13 @@ class Server:
     def _serve(self) -> Process:
         on_step, policy, running, kv = self.on_step, self.policy, self.running_set, self.kv
         decoders, read_hits, speculative = running.decoders, kv.read_hits, self.speculative
-        host_reads, loads = kv.host_reads, self.loads
+        host, host_reads = self.host, kv.host_reads
+        loads = host.loads
         while True:
             if on_step is not None:
                 on_step(running.num_finished, self.clock)
             if loads and loads[0][0] <= self.clock:
-                self._loaded()
+                host.end(self.clock)
             read_hits.clear()
             if self.unplanned:  # this step was planned as the last one started, if it ran up to now
                 busy = self.last_end == self.clock and running.num_running
@@ -228,48 +226,14 @@ class Server:
             decode = step.decode and decoders.count > 0
             if not step.tokens and not decode:
                 if host_reads:
-                    self._start_loads()
-                yield from self._sleep(self._wake_at(step.wake_at) if loads else step.wake_at)
+                    host.start(self.clock)
+                yield from self._sleep(host.wake_at(step.wake_at) if loads else step.wake_at)
             elif (not step.tokens and not speculative and not host_reads
                   and decoders.blocks_needed() <= kv.num_free):
-                wake_at = self._wake_at(step.wake_at) if loads else step.wake_at
+                wake_at = host.wake_at(step.wake_at) if loads else step.wake_at
                 yield from self._decode(self.clock if self.unplanned else wake_at)  # one step, then plan them
             else:
                 yield from self._step(step)
-
-    def _wake_at(self, wake_at: float | None) -> float | None:
-        """The policy's `wake_at`, or the next load's end if sooner (a load is in flight)."""
-        end = self.loads[0][0]
-        return end if wake_at is None or end < wake_at else wake_at
-
-    def _start_loads(self) -> None:
-        """The requests the policy passed over for their host hits start loading, in order, until
-        one does not fit (`KVBlocks.start_load`)."""
-        kv, link, waiting = self.kv, self.link, self.running_set.waiting
-        assert link is not None
-        for request in kv.host_reads:
-            if request.blocks:  # passed over twice, loading already
-                continue
-            started = kv.start_load(request)
-            if started < 0:
-                break
-            if started:
-                waiting.remove(request)
-                self.loads.append((link.load(self.clock, request.host_loaded), request))
-        kv.host_reads.clear()
-
-    def _loaded(self) -> None:
-        """The loads ended by now: their requests release their blocks, cached, and rejoin the
-        waiting queue at its front in the order they loaded."""
-        loads, kv, clock = self.loads, self.kv, self.clock
-        ended: list[Request] = []
-        while loads and loads[0][0] <= clock:
-            request = loads.popleft()[1]
-            kv.release(request)
-            ended.append(request)
-        waiting = self.running_set.waiting
-        for request in reversed(ended):
-            waiting.requeue(request)
 
     def _sleep(self, wake_at: float | None) -> Process:
         if self.unplanned:  # an idle scheduler plans the next step with them
@@ -325,7 +289,7 @@ class Server:
             if running._counts[4]:  # it preempted: as vLLM schedules no waiting request then
                 self.kv.host_reads.clear()
             else:
-                self._start_loads()
+                self.host.start(start)
         end = start + duration
         if end >= self.limit:
             yield self.env.timeout_at(end, self.priority)  # the clock stops first
