@@ -25,6 +25,7 @@ COMPILED = [
     "simulator/cost/roofline.py",
     "simulator/engine/blocks.py",
     "simulator/engine/decoders.py",
+    "simulator/engine/delivery.py",
     "simulator/engine/kv.py",
     "simulator/engine/loads.py",
     "simulator/engine/offload.py",

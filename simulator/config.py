@@ -77,6 +77,9 @@ class RunConfig:
     """Each step planned while the one before it runs (vLLM's --async-scheduling, SGLang's and
     TensorRT-LLM's overlap scheduler): a request that arrives after a step started waits for the step
     after the next (simulator.engine.server)."""
+    output_lag: bool = False
+    """Under async scheduling, a step's first tokens and finishes reach their clients when the next
+    step ends if that one computes prompt tokens (an overlap loop's streaming, simulator.engine.delivery)."""
     # KV offload: a host tier under the prefix cache (simulator.engine.kv), one server only.
     kv_offload_gb: float = 0.0
     """GB (1e9 bytes) of host memory per server holding KV blocks the GPU cache evicted; 0: none."""
@@ -153,6 +156,9 @@ class RunConfig:
         self._check_load()
         if self.num_prefixes != 1 and not self.prefix_len:
             raise InputError(f"--num-prefixes {self.num_prefixes} needs --prefix-len (the shared prefixes' length)")
+        if self.output_lag and not self.async_scheduling:
+            raise InputError("--output-lag needs --async-scheduling (an overlap loop's outputs wait for the step it "
+                             "launched next)")
         self._check_turns()
         check_fleet(self)
         self._check_speculation()

@@ -101,9 +101,15 @@ class Waiting:
 class OracleServer:
     def __init__(self, env: simpy.Environment, policy: Policy, cost: CostModel, kv: KVBlocks,
                  on_finish: Callable[[Request, float], None] | None = None,
-                 speculation: Speculation | None = None, async_scheduling: bool = False) -> None:
+                 speculation: Speculation | None = None, async_scheduling: bool = False,
+                 output_lag: bool = False) -> None:
         self.env, self.policy, self.cost, self.kv, self.on_finish = env, policy, cost, kv, on_finish
         self.async_scheduling = async_scheduling
+        # Output lag: the last step's first tokens and finishes (with their time), told to the
+        # clients once the next step is known: at its end if it computes prompt tokens.
+        self.output_lag = output_lag
+        self.held: tuple[list[Request], list[tuple[Request, float]]] = ([], [])
+        self.undecided = False  # the last step's outputs wait for the next step to be known
         self.unplanned: list[tuple[float, Request]] = []  # arrived after the plan of the step under way
         self.last_step = (-math.inf, -math.inf)  # (start, end) of the last step taken
         self.draft_tokens = 0 if speculation is None else speculation.num_tokens
@@ -191,6 +197,8 @@ class OracleServer:
             rows = [(r, n + self.draft_tokens if r.is_decoding else n) for r, n in rows]
             admits = [(r, n) for r, n in step.tokens.items() if r not in self.run_list]
             if not rows and not admits:
+                self._tell(self.held)
+                self.undecided = False
                 if self.unplanned:  # an idle scheduler plans with them now
                     for _, request in self.unplanned:
                         self.waiting.push(request)
@@ -241,11 +249,32 @@ class OracleServer:
                 shape = StepShape.from_rows([(n, r.computed + n) for r, n in all_rows])
             start = self.env.now
             duration = self.cost.step_time(shape)
+            carried, held_step = self.held, len(self.log) - 1
+            lagged = self.undecided and sum(n for r, n in all_rows if not r.is_decoding) > 0  # prompt tokens
+            self.held, self.undecided = ([], []), False
+            if not lagged:  # the last step's outputs reach their clients at its end
+                self._tell(carried)
             yield ArrivalTimeout(self.env, duration, self.priority)
             self.last_step = (start, self.env.now)
             if cache_stats[0]:
                 self.log.cache_queries(len(self.log), *cache_stats)
             self._advance(all_rows, start, duration, shape, num_preempted)
+            self.undecided = self.output_lag
+            if lagged:  # at the end of this step
+                self.log.held.append(held_step)
+                for request in carried[0]:
+                    request.first_token = self.env.now
+                for request, _ in carried[1]:
+                    request.finish = self.env.now
+                self._tell(([], [(r, self.env.now) for r, _ in carried[1]]))
+
+    def _tell(self, held: tuple[list[Request], list[tuple[Request, float]]]) -> None:
+        """Finishes held back by output lag reach their clients, each at its time."""
+        if held is self.held:
+            self.held = ([], [])
+        for request, at in held[1]:
+            if self.on_finish is not None:
+                self.on_finish(request, at)
 
     def _start_loads(self) -> None:
         """The hidden requests the policy came to load from the host tier in that order, until one
@@ -328,6 +357,8 @@ class OracleServer:
                 log.token(request.id, index)
                 if request.emitted == 1:
                     request.first_token = now
+                    if self.output_lag:
+                        self.held[0].append(request)
                 if request.is_finished:
                     request.finish = now
                     self._finish(request)
@@ -360,13 +391,15 @@ class OracleServer:
                 self.run_list.remove(member)
                 self.kv.release(member)
             self.batch = None
-        if self.on_finish is not None:
+        if self.output_lag:
+            self.held[1].append((request, self.env.now))
+        elif self.on_finish is not None:
             self.on_finish(request, self.env.now)
 
 
 def run_oracle(policy: Policy, cost: CostModel, kv_blocks: int, block_size: int, workload: Workload,
                time_limit: float | None, prefix_caching: bool = False, speculation: Speculation | None = None,
-               host: HostTier | None = None, async_scheduling: bool = False
+               host: HostTier | None = None, async_scheduling: bool = False, output_lag: bool = False
                ) -> tuple[RequestColumns, StepLog, float]:
     env = simpy.Environment()
     requests: list[Request] = []
@@ -387,7 +420,8 @@ def run_oracle(policy: Policy, cost: CostModel, kv_blocks: int, block_size: int,
 
         clients = SessionClients(env, workload, send, lambda delay: ArrivalTimeout(env, delay))
         server = OracleServer(env, policy, cost, KVBlocks(kv_blocks, block_size, prefix_caching, host),
-                              on_finish=clients.on_finish, speculation=speculation, async_scheduling=async_scheduling)
+                              on_finish=clients.on_finish, speculation=speculation,
+                              async_scheduling=async_scheduling, output_lag=output_lag)
         clients.start()
     elif workload.arrival is None:
         def next_client(_finished: Request, at: float) -> None:
@@ -395,13 +429,15 @@ def run_oracle(policy: Policy, cost: CostModel, kv_blocks: int, block_size: int,
                 server.submit(make_request(at))
 
         server = OracleServer(env, policy, cost, KVBlocks(kv_blocks, block_size, prefix_caching, host),
-                              on_finish=next_client, speculation=speculation, async_scheduling=async_scheduling)
+                              on_finish=next_client, speculation=speculation,
+                              async_scheduling=async_scheduling, output_lag=output_lag)
         assert workload.concurrency is not None
         for _ in range(min(workload.concurrency, workload.num_requests)):
             server.submit(make_request(0.0))
     else:
         server = OracleServer(env, policy, cost, KVBlocks(kv_blocks, block_size, prefix_caching, host),
-                              speculation=speculation, async_scheduling=async_scheduling)
+                              speculation=speculation,
+                              async_scheduling=async_scheduling, output_lag=output_lag)
 
         def arrive() -> Generator[simpy.Event, Any, None]:
             for t in workload.arrival.tolist():  # type: ignore[union-attr]
@@ -460,7 +496,8 @@ def run_oracle_fleet(pools: list[Pool], link: KVLink | None, workload: Workload,
 
     servers = [OracleServer(env, policy, pool.cost, KVBlocks(pool.kv_blocks, pool.block_size, pool.prefix_caching),
                             on_finish=next_client, speculation=pool.speculation,
-                            async_scheduling=pool.async_scheduling) for policy in pool.policies]
+                            async_scheduling=pool.async_scheduling, output_lag=pool.output_lag)
+               for policy in pool.policies]
     for index, server in enumerate(servers):
         server.priority = NORMAL + index
     loads = [OracleLoad(server) for server in servers]

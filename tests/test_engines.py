@@ -265,12 +265,15 @@ def test_cost_type_is_respected() -> None:
 
 @pytest.mark.parametrize("policy", [*POLICIES, "inflight", "prefill-first"])
 @settings(SETTINGS, max_examples=max(ENGINE_EXAMPLES // 2, 10))
-@given(data=st.data(), limit=st.none() | st.floats(0.05, 0.95), unit_cost=st.booleans(), integer_times=st.booleans())
+@given(data=st.data(), limit=st.none() | st.floats(0.05, 0.95), unit_cost=st.booleans(), integer_times=st.booleans(),
+       output_lag=st.booleans())
 def test_random_workloads_async_scheduling(policy: str, data: st.DataObject, limit: float | None, unit_cost: bool,
-                                           integer_times: bool) -> None:
-    """Async scheduling (each step planned while the one before it runs) on the random cases, the
-    stack policies' on the cases of the policies whose settings fit them: the oracle's tables,
-    whose server holds every request that arrived after the last step started out of the waiting
-    queue one step longer, and takes every step alone."""
+                                           integer_times: bool, output_lag: bool) -> None:
+    """Async scheduling (each step planned while the one before it runs), with or without output
+    lag, on the random cases, the stack policies' on the cases of the policies whose settings fit
+    them: the oracle's tables, whose server holds every request that arrived after the last step
+    started out of the waiting queue one step longer, holds each step's first tokens and finishes
+    until it knows the next step, and takes every step alone."""
     like = {"inflight": "continuous", "prefill-first": "chunked"}.get(policy, policy)
-    check_random_case(like, data, limit, unit_cost, integer_times, {"async_scheduling": True, "policy": policy})
+    check_random_case(like, data, limit, unit_cost, integer_times,
+                      {"async_scheduling": True, "output_lag": output_lag, "policy": policy})

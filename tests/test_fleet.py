@@ -69,6 +69,21 @@ def test_fleet_matches_oracle(policy: str, data: st.DataObject, num_replicas: in
     assert_same_fleet(config, case.workload, unit_cost)
 
 
+@pytest.mark.parametrize("policy", POLICIES)
+@settings(SETTINGS, max_examples=15)
+@given(data=st.data(), num_replicas=st.integers(2, 3), router=st.sampled_from(ROUTERS), unit_cost=st.booleans(),
+       output_lag=st.booleans())
+def test_async_fleet_matches_oracle(policy: str, data: st.DataObject, num_replicas: int, router: str,
+                                    unit_cost: bool, output_lag: bool) -> None:
+    """Async scheduling, with and without output lag, on replicas: a router reads the requests
+    that wait unplanned, and a closed loop's next request is routed when a held finish reaches its
+    client; the fleet engine gives the oracle fleet's tables."""
+    case = data.draw(cases(policy))
+    config = replace(case.config, num_replicas=num_replicas, router=router, seed=data.draw(st.integers(0, 3)),
+                     async_scheduling=True, output_lag=output_lag)
+    assert_same_fleet(config, case.workload, unit_cost)
+
+
 @pytest.mark.parametrize("policy", ["continuous", "chunked", "priority"])
 @settings(SETTINGS, max_examples=20)
 @given(data=st.data(), num_replicas=st.integers(2, 3), router=st.sampled_from(ROUTERS),

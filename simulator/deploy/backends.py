@@ -74,6 +74,9 @@ class StackDefaults:
     async_scheduling: bool = True
     """Each step planned while the one before it runs (vLLM's async scheduling, SGLang's and
     TRT-LLM's overlap scheduler; module docstring)."""
+    output_lag: bool = False
+    """A step's outputs reach the clients when the next step ends if it computes prompt tokens
+    (`simulator.engine.delivery`)."""
 
 
 DEFAULTS = {
@@ -127,7 +130,8 @@ def async_by_default(backend: str, version: str | None) -> bool:
     return len(numbers) < 2 or tuple(numbers) >= VLLM_ASYNC_SINCE
 
 
-STACK_SETTINGS = ("policy", "max_num_batched_tokens", "max_num_seqs", "enable_prefix_caching", "async_scheduling")
+STACK_SETTINGS = ("policy", "max_num_batched_tokens", "max_num_seqs", "enable_prefix_caching", "async_scheduling",
+                  "output_lag")
 
 
 def stack_settings(settings: dict[str, object], given: set[str], shipped: list[str]) -> dict[str, object]:
@@ -140,4 +144,7 @@ def stack_settings(settings: dict[str, object], given: set[str], shipped: list[s
     chosen: dict[str, object] = {"gpu": stack_profile(str(settings["gpu"]), backend, shipped)}
     if stock.fp8_kv_with_fp8_weights and settings.get("quantization") == "fp8" and "kv_cache_dtype" not in given:
         chosen["kv_cache_dtype"] = "fp8"
-    return chosen | {name: getattr(stock, name) for name in STACK_SETTINGS if name not in given}
+    chosen |= {name: getattr(stock, name) for name in STACK_SETTINGS if name not in given}
+    if "output_lag" not in given and not (settings | chosen)["async_scheduling"]:
+        chosen["output_lag"] = False  # --no-async-scheduling: no overlap loop to lag
+    return chosen

@@ -79,18 +79,15 @@ class RunningSet:
         """The padded batch that runs (as the policy asked for it), or None; while one runs:"""
         self.batch_rows: list[Request] = []
         """its members, one row each until the last finishes;"""
-        self.batch_live = 0
-        """how many of them have not finished;"""
-        self.batch_since = 0
-        """the decoders' step count when it began to decode;"""
-        self.batch_last_step = 0
-        """their step count after its last decode step."""
+        self.batch_live = 0  # how many of them have not finished;
+        self.batch_since = 0  # the decoders' step count when it began to decode;
+        self.batch_last_step = 0  # their step count after its last decode step.
         self._admissions = 0
+        self.first_tokens: list[Request] | None = None
+        """Under output lag, the requests whose first token the step computed (`simulator.engine.delivery`)."""
         # The step being carried out, from `take` (or `take_decoders`) to `log_step`:
-        self._rows: Rows = []
-        """its explicit rows;"""
-        self._decode = False
-        """do the decoders run in it?"""
+        self._rows: Rows = []  # its explicit rows;
+        self._decode = False  # do the decoders run in it?
         self._counts = (0, 0, 0, 0, 0)
         """its log row's num_seqs, prefill_tokens, decode_tokens, padded_tokens and num_preempted."""
         self._num_logged = len(log)
@@ -286,6 +283,8 @@ class RunningSet:
                 log.token(request.id, index)
                 if request.emitted == 1:
                     request.first_token = end
+                    if self.first_tokens is not None:  # the server delivers it (output lag)
+                        self.first_tokens.append(request)
                 if request.emitted == request.output_tokens:
                     finished.append(request)
         if self.explicit:

@@ -36,6 +36,8 @@ Under async scheduling (vLLM's `--async-scheduling`, SGLang's and TensorRT-LLM's
 the scheduler plans each step while the one before it runs: a request that arrives once a step has
 started (`unplanned`) joins the waiting queue at the next step boundary but one, and while one
 waits the decoders run a step at a time. A server with nothing in flight plans at once, as in step.
+With output lag on top (`simulator.engine.delivery`), a step's first tokens and finishes reach
+their clients once the next step is known: at its end if it computes prompt tokens.
 """
 
 from __future__ import annotations
@@ -52,6 +54,7 @@ from simpy.events import NORMAL
 from simulator.cost import CostModel
 from simulator.engine import stretch
 from simulator.engine.clock import Clock
+from simulator.engine.delivery import Delivery
 from simulator.engine.kv import KVBlocks
 from simulator.engine.loads import HostLoads
 from simulator.engine.queues import Unplanned, WaitingWithHits, make_queues
@@ -82,7 +85,7 @@ class Server:
     def __init__(self, env: Clock, policy: Policy, cost: CostModel, kv: KVBlocks, log: StepLog,
                  time_limit: float | None = None, on_finish: Callable[[Request, float], None] | None = None,
                  on_step: Callable[[int, float], None] | None = None, speculation: Speculation | None = None,
-                 async_scheduling: bool = False) -> None:
+                 async_scheduling: bool = False, output_lag: bool = False) -> None:
         self.env = env
         self.policy = policy
         self.cost = cost
@@ -91,7 +94,12 @@ class Server:
         self.on_step = on_step
         """Told (requests finished, clock) before every step: a progress bar."""
         waiting, order = make_queues(policy.scheduling)
-        self.running_set = RunningSet(kv, waiting, order, log, on_finish, speculation)
+        self.delivery = Delivery(log, on_finish) if output_lag else None
+        """Under output lag, the last step's outputs until the next step is known."""
+        told = on_finish if self.delivery is None else self.delivery.hold
+        self.running_set = RunningSet(kv, waiting, order, log, told, speculation)
+        if self.delivery is not None:
+            self.running_set.first_tokens = self.delivery.first
         self.speculative = speculation is not None
         """Speculative decoding: every step is taken alone (its tokens are drawn, no stretch prices them)."""
         # The policy's view reads these three as they are (the rest of it below, as properties);
@@ -108,9 +116,10 @@ class Server:
         self.horizon: Callable[[], float] = partial(_next_event, env._queue)  # type: ignore[attr-defined]
         """The next instant another process could read or change this server: by default the clock's
         next event; a fleet open loop's next arrival (`simulator.fleet.engine`)."""
-        self.finish_seen_elsewhere = False
+        self.finish_seen_elsewhere = output_lag
         """A finish is seen by other servers at its instant (a fleet's closed-loop client routes its
-        next request then): a padded batch's stretch stops at each member's finish, not its last."""
+        next request then), or is held until the next step is known (output lag): a padded batch's
+        stretch stops at each member's finish, not its last."""
         self.stretch_kv: tuple[Sequence[float], Sequence[int]] | None = None
         """While a decode stretch is waited for: its step ends and the KV blocks its steps took by
         then (cumulative), which it commits at its end; a router reads the blocks held mid-stretch."""
@@ -160,12 +169,15 @@ class Server:
     # -- the server ---------------------------------------------------------------------------------
     @property
     def on_finish(self) -> Callable[[Request, float], None] | None:
-        """Told (request, time) as each request finishes."""
-        return self.running_set.on_finish
+        """Told (request, time) as each request finishes (reaches its client, under output lag)."""
+        return self.running_set.on_finish if self.delivery is None else self.delivery.notify
 
     @on_finish.setter
     def on_finish(self, on_finish: Callable[[Request, float], None] | None) -> None:
-        self.running_set.on_finish = on_finish
+        if self.delivery is None:
+            self.running_set.on_finish = on_finish
+        else:
+            self.delivery.notify = on_finish
 
     @property
     def num_finished(self) -> int:
@@ -211,7 +223,7 @@ class Server:
     def _serve(self) -> Process:
         on_step, policy, running, kv = self.on_step, self.policy, self.running_set, self.kv
         decoders, read_hits, speculative = running.decoders, kv.read_hits, self.speculative
-        host, host_reads = self.host, kv.host_reads
+        host, host_reads, delivery = self.host, kv.host_reads, self.delivery
         loads = host.loads
         while True:
             if on_step is not None:
@@ -224,6 +236,8 @@ class Server:
                 self.unplanned.plan(running.waiting, self.last_start if busy else math.inf)
             step = policy(self)
             decode = step.decode and decoders.count > 0
+            if delivery is not None and not step.tokens:  # no prompt tokens next: the last step's outputs at its end
+                delivery.deliver_now()
             if not step.tokens and not decode:
                 if host_reads:
                     host.start(self.clock)
@@ -283,19 +297,25 @@ class Server:
 
     def _step(self, step: Step) -> Process:
         """One step of any kind, the decoders taking part as one."""
-        running, start = self.running_set, self.clock
+        running, start, delivery = self.running_set, self.clock, self.delivery
         duration = self.cost.step_time(running.take(step, start))
         if self.kv.host_reads:
             if running._counts[4]:  # it preempted: as vLLM schedules no waiting request then
                 self.kv.host_reads.clear()
             else:
                 self.host.start(start)
+        carried = None  # under output lag, the last step's outputs, which wait for this step's end
+        if delivery is not None and delivery.pending():
+            if running._counts[1]:  # it computes prompt tokens
+                carried = delivery.take()
+            else:
+                delivery.deliver_now()
         end = start + duration
         if end >= self.limit:
-            yield self.env.timeout_at(end, self.priority)  # the clock stops first
+            yield self.env.timeout_at(end, self.priority)  # the clock stops first (nothing carried arrives)
             return
         finished = running.advance(end)
-        if finished or end >= self.horizon():
+        if finished or end >= self.horizon() or (carried is not None and carried[1]):  # a finish is told
             yield self.env.timeout_at(end, self.priority)
         self.clock, self.last_start, self.last_end = end, start, end
         if end >= self.next_arrival:
@@ -303,6 +323,8 @@ class Server:
         for request in finished:
             running.finish(request, end)
         running.log_step(start, duration)
+        if carried is not None:
+            delivery.deliver(carried, end)  # type: ignore[union-attr]
 
     def _decode(self, wake_at: float | None) -> Process:
         """Decode-only steps until the next event (see the module docstring): the first alone when

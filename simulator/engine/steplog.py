@@ -65,6 +65,9 @@ class StepLog:
     spec_accepted: array = field(default_factory=_counters)
     """Speculative decoding's verify steps by the draft tokens they accepted (index 0..k; empty
     without speculation)."""
+    held: array = field(default_factory=_ints)
+    """Steps whose tokens reached their clients when the step after them ended, not at their own
+    end (output lag, `simulator.engine.delivery`)."""
 
     def __len__(self) -> int:
         return len(self.rows) // ROW_SIZE
@@ -117,6 +120,15 @@ class StepLog:
         """Each step's end: start + duration (s), the sum of the two `column`s without their copies."""
         rows = self._table()
         return rows["start"] + rows["duration"]
+
+    def token_times(self) -> np.ndarray:
+        """When each step's tokens reached their clients (s): its end, or the next step's end for a
+        `held` step."""
+        ends = self.step_ends()
+        if len(self.held):
+            held = np.frombuffer(self.held, dtype=np.int32)
+            ends[held] = ends[held + 1]
+        return ends
 
     def int32_column(self, name: str) -> np.ndarray:
         """A token, run or cache column as the log holds it (int32, half of `column`'s bytes), for a

@@ -73,6 +73,8 @@ class Pool:
     verifies with the same settings, each request drawing from its own stream wherever it runs."""
     async_scheduling: bool = False
     """Its servers plan each step while the one before it runs (`simulator.engine.server`)."""
+    output_lag: bool = False
+    """Its servers' outputs wait for the next step when it computes prompt tokens (`simulator.engine.delivery`)."""
 
 
 @dataclass
@@ -147,7 +149,7 @@ class Fleet:
         progress = self._progress if on_step is not None else None
         self.servers = [[Server(env, policy, pool.cost, KVBlocks(pool.kv_blocks, pool.block_size, pool.prefix_caching),
                                 StepLog(), time_limit, on_step=progress, speculation=pool.speculation,
-                                async_scheduling=pool.async_scheduling)
+                                async_scheduling=pool.async_scheduling, output_lag=pool.output_lag)
                         for policy in pool.policies]
                         for pool in pools]
         for index, server in enumerate(server for pool_servers in self.servers for server in pool_servers):
@@ -288,6 +290,7 @@ def merge_logs(logs: list[StepLog]) -> tuple[StepLog, np.ndarray]:
         merged.cache_hit.extend(log.cache_hit)
         merged.cache_host_hit.extend(log.cache_host_hit)
         _extend_shifted(merged.decode_step, log.decode_step, step_offset)
+        _extend_shifted(merged.held, log.held, step_offset)
         _add_counts(merged.spec_accepted, log.spec_accepted)
         servers.append(np.full(len(log), index, dtype=np.int64))
         step_offset += len(log)

@@ -34,10 +34,11 @@ def empty_tokens() -> Columns:
 
 
 def token_chunks(log: StepLog, rows_per_chunk: int = ROWS_PER_CHUNK) -> Iterator[Columns]:
-    """The tokens table, one row per output token (request_id, index 0-based per request, time = end
-    of its step), sorted by request and index, in chunks of whole requests of about `rows_per_chunk`
-    rows: singles and runs are sorted by request once, and each chunk expands only its own runs."""
-    end, decode_step = log.step_ends(), log.column("decode_step")
+    """The tokens table, one row per output token (request_id, index 0-based per request, time = when
+    its step's tokens reached the client, `StepLog.token_times`), sorted by request and index, in
+    chunks of whole requests of about `rows_per_chunk` rows: singles and runs are sorted by request
+    once, and each chunk expands only its own runs."""
+    end, decode_step = log.token_times(), log.column("decode_step")
     single_request, single_step = log.column("token_request"), log.column("token_step")
     run_request, run_first, run_count = log.column("run_request"), log.column("run_first"), log.column("run_count")
     by_request = np.argsort(single_request, kind="stable")  # singles are logged in step order
@@ -109,7 +110,7 @@ def itl_histogram(log: StepLog, keep: np.ndarray | None = None) -> tuple[np.ndar
     chunk of the stream, and the gaps are between chunks. Its arrays are the log's int32 indices and
     freed as soon as used: a 1M-request run has millions of steps, and each fresh array costs its
     pages (docs/performance.md, "After the third round")."""
-    end = log.step_ends()
+    end = log.token_times()
     decode_step = log.int32_column("decode_step")
     single_request, single_step = log.int32_column("token_request"), log.int32_column("token_step")
     run_request, run_first = log.int32_column("run_request"), log.int32_column("run_first")

@@ -55,7 +55,7 @@ def run_engine(policy: Policy, cost: CostModel, kv_blocks: int, block_size: int,
                time_limit: float | None, on_step: Callable[[int, float], None] | None = None,
                prefix_caching: bool = False, clients: ClientKind = workload_clients,
                speculation: Speculation | None = None, host: HostTier | None = None,
-               async_scheduling: bool = False) -> tuple[RequestColumns, StepLog, float]:
+               async_scheduling: bool = False, output_lag: bool = False) -> tuple[RequestColumns, StepLog, float]:
     """One server, fed by `clients` (by default the ones the workload says), speculating as
     `speculation` says (`simulator.engine.speculation`) or not at all; `host`: its KV cache's host
     tier."""
@@ -64,7 +64,7 @@ def run_engine(policy: Policy, cost: CostModel, kv_blocks: int, block_size: int,
 
     def server(env: Clock, senders: Clients) -> Server:
         return Server(env, policy, cost, kv, log, time_limit, on_finish=senders.on_finish, on_step=on_step,
-                      speculation=speculation, async_scheduling=async_scheduling)
+                      speculation=speculation, async_scheduling=async_scheduling, output_lag=output_lag)
 
     requests, end_time, _ = drive(workload, time_limit, clients, server)
     return requests, log, end_time

@@ -94,7 +94,7 @@ def build_pools(config: RunConfig, model: ModelSpec, gpu: GpuSpec, workload: Wor
                           config.block_size, build_router(config.router, count, workload.num_requests, config.seed,
                                                           index), caching, host_tier(pool_config, model, pool_gpu),
                           build_speculation(pool_config) if role != "prefill" else None,
-                          pool_config.async_scheduling))
+                          pool_config.async_scheduling, pool_config.output_lag))
     link = None
     if disaggregated(config):
         kv_bytes = max(gpu_shard(pool_config, model).kv_bytes_per_token for _, _, pool_config in pool_configs(config))

@@ -83,10 +83,10 @@ def simulate(config: RunConfig, workload: Workload | None = None, cost: CostMode
     if engine is not None:
         requests, log, end_time = engine(policy, pool.cost, pool.kv_blocks, pool.block_size, workload, limit,
                                          prefix_caching=caching, speculation=speculation, host=host,
-                                         async_scheduling=pool.async_scheduling)
+                                         async_scheduling=pool.async_scheduling, output_lag=pool.output_lag)
     else:
         with run_progress(workload.num_requests, progress) as on_step:
             requests, log, end_time = run_engine(policy, pool.cost, pool.kv_blocks, pool.block_size, workload, limit,
                                                  on_step, caching, clients, speculation, host,
-                                                 pool.async_scheduling)
+                                                 pool.async_scheduling, pool.output_lag)
     return run_result(config, model, gpu, [pool], workload, requests, log, end_time)

@@ -44,6 +44,9 @@ class Scheduler:
     async_scheduling: bool = False
     """As the stack plans its steps (`simulator.deploy.backends`); a point reruns with it where the
     point's version of its stack scheduled so by default (`async_by_default`)."""
+    output_lag: bool = False
+    """As the stack delivers its outputs (`simulator.engine.delivery`), where it reruns with async
+    scheduling."""
     speculation: tuple[str, int, str] | None = None
     """Speculative decoding every server runs with, as (method, k, acceptance): `RunConfig`'s
     `speculative_method`, `num_speculative_tokens`, `spec_acceptance` (None: none); a hypothesis
@@ -53,7 +56,7 @@ class Scheduler:
     def of(cls, stack: StackDefaults, num_dataset_entries: int | None = None) -> Scheduler:
         """A stack's scheduler (`simulator.deploy.backends`: its stock one, or a benchmark template's)."""
         return cls(stack.max_num_batched_tokens, stack.max_num_seqs, stack.policy, stack.enable_prefix_caching,
-                   num_dataset_entries, stack.fp8_kv_with_fp8_weights, stack.async_scheduling)
+                   num_dataset_entries, stack.fp8_kv_with_fp8_weights, stack.async_scheduling, stack.output_lag)
 
 
 DEFAULT_SCHEDULER = Scheduler()
@@ -92,6 +95,7 @@ def point_config(point: MeasuredPoint, gpu: str, seed: int = 0, scheduler: Sched
         scheduler = replace(stack, speculation=scheduler.speculation, **given)
     method, k, acceptance = scheduler.speculation or (None, None, None)
     fp8_kv = scheduler.fp8_kv_with_fp8_weights and point.quantization == "fp8"
+    overlap = scheduler.async_scheduling and async_by_default(point.backend, point.backend_version)
     return RunConfig(policy=scheduler.policy, model=point.model, gpu=gpu, cost="measured",
                      tensor_parallel_size=point.tensor_parallel_size, quantization=point.quantization,
                      input_len=point.input_lens[0], output_len=point.output_lens[0], seed=seed,
@@ -99,8 +103,7 @@ def point_config(point: MeasuredPoint, gpu: str, seed: int = 0, scheduler: Sched
                      enable_prefix_caching=scheduler.enable_prefix_caching, backend=point.backend,
                      num_dataset_entries=scheduler.num_dataset_entries, kv_cache_dtype="fp8" if fp8_kv else "auto",
                      speculative_method=method, num_speculative_tokens=k, spec_acceptance=acceptance,
-                     async_scheduling=scheduler.async_scheduling and async_by_default(point.backend,
-                                                                                      point.backend_version),
+                     async_scheduling=overlap, output_lag=overlap and scheduler.output_lag,
                      **deployment_settings(point))
 
 
