@@ -79,7 +79,7 @@ class RunConfig:
     after the next (simulator.engine.server)."""
     output_lag: bool = False
     """Under async scheduling, a step's first tokens and finishes reach their clients when the next
-    step ends if that one computes prompt tokens (an overlap loop's streaming, simulator.engine.delivery)."""
+    step ends if that one computes prompt tokens (TensorRT-LLM's overlap loop, simulator.engine.delivery)."""
     # KV offload: a host tier under the prefix cache (simulator.engine.kv), one server only.
     kv_offload_gb: float = 0.0
     """GB (1e9 bytes) of host memory per server holding KV blocks the GPU cache evicted; 0: none."""

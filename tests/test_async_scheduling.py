@@ -146,3 +146,16 @@ def test_backend_turns_it_on_and_the_flag_turns_it_off(tmp_path: object) -> None
     assert not planned_ahead("--backend", "trtllm", "--no-async-scheduling")
     assert planned_ahead("--async-scheduling")
 
+
+def test_trtllm_lags_its_outputs_by_default(tmp_path: object) -> None:
+    def lagged(*args: str) -> bool:
+        out = tmp_path / "-".join(args)  # type: ignore[operator]
+        result = CliRunner().invoke(main, ["--rate", "5", "--num-requests", "20", "--out", str(out), *args])
+        assert result.exit_code == 0, result.output
+        return bool(json.loads((out / "summary.json").read_text())["settings"]["output_lag"])
+
+    assert lagged("--backend", "trtllm")
+    assert not lagged("--backend", "vllm") and not lagged("--backend", "sglang")
+    assert not lagged("--backend", "trtllm", "--no-output-lag")
+    assert not lagged("--backend", "trtllm", "--no-async-scheduling")
+    assert lagged("--backend", "sglang", "--output-lag") and lagged("--async-scheduling", "--output-lag")

@@ -89,7 +89,7 @@ UPSTREAM = SILICON.parent / "aiconfigurator_silicon_h100_h200.csv"
     # Reached (docs/validation/stack-fidelity.md); the targets are TTFT 12%, TPOT 5%.
     ("vllm", "bench", None, (4,), 0.09, 0.05),  # reached 8.6%, 1.0%
     ("sglang", "stock", None, (1, 4), 0.11, 0.10),  # reached 10.5%, 9.3% (no host term kept)
-    ("trtllm", "bench", "fp8", (1, 4), 0.21, 0.08),  # reached 19.6%, 7.0% (none kept; fp8 KV, budget, async)
+    ("trtllm", "bench", "fp8", (1, 4), 0.18, 0.08),  # reached 16.8%, 7.6% (none kept; fp8 KV, budget, async, lag)
 ])
 def test_each_stack_profile_holds_its_bound_on_rows_no_fit_saw(backend: str, scheduler: str,
                                                                quantization: str | None, held_tp: tuple[int, ...],

@@ -185,9 +185,9 @@ def read_by(setting: str) -> str:
                    "one before it runs, so a request that arrives after a step started joins the step after "
                    "the next [default with --backend: the stack's, on].")
 @click.option("--output-lag/--no-output-lag", "output_lag", default=DEFAULTS["output_lag"], show_default=True,
-              help="With --async-scheduling, as an overlap loop that streams a step's tokens after launching the "
-                   "next step: they reach the client when that step ends if it computes prompt tokens [default "
-                   "with --backend: the stack's].")
+              help="With --async-scheduling, as TensorRT-LLM's overlap loop: a step's tokens reach the client when "
+                   "the next step ends if that one computes prompt tokens [default with --backend: the stack's, on "
+                   "for trtllm].")
 @setting("gpu_memory_utilization", help="Share of GPU memory for weights, activations and KV cache.")
 @setting("num_gpu_blocks_override", help="Exactly this many KV blocks [default: sized from memory].")
 @setting("kv_offload_gb", help="KV offload: GB of host memory per server holding the KV blocks the prefix "

@@ -32,7 +32,12 @@ default is and where its source says so:
   `simulator.engine.server`): vLLM's `--async-scheduling`, on by default from 0.14 unless pipeline
   parallelism, some speculative methods or the Ray executor turn it off (vllm/config/vllm.py);
   SGLang's overlap scheduler (`disable_overlap_schedule` False, `event_loop_overlap`);
-  TensorRT-LLM's overlap executor loop (`disable_overlap_scheduler` False).
+  TensorRT-LLM's overlap executor loop (`disable_overlap_scheduler` False). TensorRT-LLM's and
+  SGLang's loops process a step's outputs after launching the next step, so they can reach the
+  clients only when that step ends if it computes prompt tokens (`output_lag`,
+  `simulator.engine.delivery`): on for TensorRT-LLM, whose measured rows support it; off for
+  SGLang, whose rows do not (docs/validation/stack-fidelity.md); vLLM's rows in the table predate
+  its async scheduling and cannot say.
 
 aiconfigurator's benchmark templates set these differently (ai-dynamo/aiconfigurator 095f58a,
 src/aiconfigurator/generator/rule_plugin/benchmark/{vllm,sglang,trtllm}.rule): max batch 128, vLLM's
@@ -76,13 +81,13 @@ class StackDefaults:
     TRT-LLM's overlap scheduler; module docstring)."""
     output_lag: bool = False
     """A step's outputs reach the clients when the next step ends if it computes prompt tokens
-    (`simulator.engine.delivery`)."""
+    (TRT-LLM's overlap loop; module docstring)."""
 
 
 DEFAULTS = {
     "vllm": StackDefaults("vllm", "0.19.0", "chunked", 8192, 1024, True),
     "sglang": StackDefaults("sglang", "0.5.14", "prefill-first", 8192, 1024, True),
-    "trtllm": StackDefaults("trtllm", "1.3.0rc20", "inflight", 8192, 2048, True, True),
+    "trtllm": StackDefaults("trtllm", "1.3.0rc20", "inflight", 8192, 2048, True, True, output_lag=True),
 }
 BENCH_MAX_BATCH = 128
 """aiconfigurator's benchmark templates' max batch size where none is given."""

@@ -13,7 +13,9 @@ k + 1 when step k + 1 computes prompt tokens (a prefill or a mixed step), and at
 otherwise (the next step decodes only, or the server has nothing to run). A request's first token
 and finish are stamped with that time, its client's next request is sent then, and the tokens
 table times its tokens so (`StepLog.held`); its KV is freed at the end of its last step, as
-without lag. Under async scheduling only (`simulator.engine.server`).
+without lag. Under async scheduling only (`simulator.engine.server`). It is a hypothesis about
+how the stacks stream, tested on measured rows (docs/validation/stack-fidelity.md): TensorRT-LLM's
+rows support it and run with it by default (`simulator.deploy.backends`); SGLang's do not.
 """
 
 from __future__ import annotations
