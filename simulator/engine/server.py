@@ -317,12 +317,7 @@ class Server:
         finished = running.advance(end)
         if finished or end >= self.horizon() or (carried is not None and carried[1]):  # a finish is told
             yield self.env.timeout_at(end, self.priority)
-        self.clock, self.last_start, self.last_end = end, start, end
-        if end >= self.next_arrival:
-            self._arrive(end)
-        for request in finished:
-            running.finish(request, end)
-        running.log_step(start, duration)
+        self._ended(start, duration, finished)
         if carried is not None:
             delivery.deliver(carried, end)  # type: ignore[union-attr]
 
@@ -367,12 +362,19 @@ class Server:
         finished = running.advance(end)
         if finished or end >= (seen if running.batch is None and wake_at is None else self.horizon()):  # read once
             yield self.env.timeout_at(end, self.priority)
+        self._ended(start, first, finished)
+
+    def _ended(self, start: float, duration: float, finished: list[Request]) -> None:
+        """The step from `start` ended (the clock there): the fed arrivals by then are submitted,
+        the requests it `finished` leave, and it is logged."""
+        end = start + duration
         self.clock, self.last_start, self.last_end = end, start, end
         if end >= self.next_arrival:
             self._arrive(end)
+        running = self.running_set
         for request in finished:
             running.finish(request, end)
-        running.log_step(start, first)
+        running.log_step(start, duration)
 
     def close(self) -> None:
         """After the clock stopped: bring every request still decoding up to date, and end the
