@@ -36,8 +36,8 @@ default is and where its source says so:
   SGLang's loops process a step's outputs after launching the next step, so they can reach the
   clients only when that step ends if it computes prompt tokens (`output_lag`,
   `simulator.engine.delivery`): on for TensorRT-LLM, whose measured rows support it; off for
-  SGLang, whose rows do not (docs/validation/stack-fidelity.md); vLLM's rows in the table predate
-  its async scheduling and cannot say.
+  SGLang and vLLM (0.16 and 0.18, scheduling asynchronously), whose rows do not
+  (docs/validation/stack-fidelity.md).
 
 aiconfigurator's benchmark templates set these differently (ai-dynamo/aiconfigurator 095f58a,
 src/aiconfigurator/generator/rule_plugin/benchmark/{vllm,sglang,trtllm}.rule): max batch 128, vLLM's
