@@ -27,7 +27,7 @@ import polars as pl
 import yaml
 
 from calibration.fit_roofline import GPUS, PROFILES_DIR, build_profile
-from calibration.kernel_db import STACK_VERSIONS, stack_tables
+from calibration.kernel_db import NCCL_FAMILY, STACK_VERSIONS, nccl_table, stack_tables
 from calibration.kernel_db_models import write_profile_tables
 
 FORMAT = 1
@@ -134,6 +134,7 @@ def build(gpu: str, reference: Path, out: Path) -> None:
                             f"n, k <= 128) + bytes / {mem_bw / 1e12:.2f} TB/s (weight-streaming GEMMs)"),
             "collectives": ("measured: custom_allreduce_perf.parquet (vllm_graph backend, bf16) up to 8 MiB, "
                             "nccl_perf.parquet (all_reduce, half) above"),
+            "collectives_nccl": NCCL_FAMILY.format(path="nccl_perf.parquet"),
             "gemm_fp8": f"measured: gemm_perf.parquet, fp8 ({fp8_gemm.height} shapes)",
             "gemm_fp8_block": f"measured: gemm_perf.parquet, fp8_block ({block_gemm.height} shapes)",
             "prefill_attention_fp8": f"measured: context_attention_perf.parquet, fp8 KV ({fp8_prefill.height} shapes)",
@@ -151,6 +152,7 @@ def build(gpu: str, reference: Path, out: Path) -> None:
     decode.write_parquet(out / "decode_attention.parquet")
     elementwise_table(kernel_latency, mem_bw).write_parquet(out / "elementwise.parquet")
     collectives_table(kernel_dir).write_parquet(out / "collectives.parquet")
+    nccl_table(kernel_dir / "nccl_perf.parquet").write_parquet(out / "collectives_nccl.parquet")
     fp8_gemm.write_parquet(out / "gemm_fp8.parquet")
     block_gemm.write_parquet(out / "gemm_fp8_block.parquet")
     fp8_prefill.write_parquet(out / "prefill_attention_fp8.parquet")

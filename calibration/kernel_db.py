@@ -15,7 +15,8 @@ What each stack runs on Hopper, and so which rows are kept where a table holds s
 - all-reduce: vLLM's and SGLang's custom all-reduce as captured in CUDA graphs up to 8 MiB (both
   stacks' default `max_size`), NCCL above (from `../shared/reference/kernels/<gpu>/nccl_perf.parquet`,
   the kernel database has none); TensorRT-LLM's own all-reduce at every size (it picks its
-  strategy itself, NCCL included).
+  strategy itself, NCCL included). And NCCL's at every size (`collectives_nccl`): a server whose
+  custom all-reduce is off (`--disable-custom-all-reduce`).
 Rows measured twice with the same key are merged to their median.
 
 The model-specific tables (MLA, quantized experts, all-to-all) are written into the same folders
@@ -162,6 +163,19 @@ def collectives_table(source: Source, chosen: tuple[str, str] | None, nccl: Path
     return _median_of_repeats(pl.concat([custom, above]), ["op", "num_gpus", "message_bytes"])
 
 
+def nccl_table(nccl: Path) -> pl.DataFrame:
+    """NCCL's all-reduce (fp16) at every message size, as a server without its custom all-reduce
+    runs every one; message_size counts 16-bit elements."""
+    rows = (pl.read_parquet(nccl).filter((pl.col("op_name") == "all_reduce") & (pl.col("nccl_dtype") == "half"))
+            .select(op=pl.lit("all_reduce"), num_gpus=pl.col("num_gpus"), message_bytes=pl.col("message_size") * BF16,
+                    latency=pl.col("latency") * MS))
+    return _median_of_repeats(rows, ["op", "num_gpus", "message_bytes"])
+
+
+NCCL_FAMILY = ("measured: {path}, NCCL all-reduce (half) at every size (vLLM 0.14 data): a server whose custom "
+               "all-reduce is off (--disable-custom-all-reduce)")
+
+
 @dataclass(frozen=True)
 class StackTables:
     tables: dict[str, pl.DataFrame]
@@ -206,5 +220,7 @@ def stack_tables(kernel_db: Path, gpu: str, stack: str, nccl: Path, version: str
     families["collectives"] = (f"measured: {said('custom_allreduce_perf')}, " + (
         f"{kernels.allreduce[1]} up to 8 MiB, NCCL above ({nccl.parent.name}/{nccl.name}, vLLM 0.14 data)"
         if kernels.allreduce else "every size"))
+    tables["collectives_nccl"] = nccl_table(nccl)
+    families["collectives_nccl"] = NCCL_FAMILY.format(path=f"{nccl.parent.name}/{nccl.name}")
     device = str(pl.read_parquet(found["gemm_perf"].path, n_rows=1)["device"][0])
     return StackTables(tables, families, {t: s.version for t, s in found.items()}, device)

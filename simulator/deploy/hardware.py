@@ -153,6 +153,8 @@ OPTIONAL_TABLES: dict[str, tuple[str, ...]] = {
     "prefill_attention_fp8": TABLE_COLUMNS["prefill_attention"],
     "decode_attention_fp8": TABLE_COLUMNS["decode_attention"],
     "moe": ("dtype", "num_tokens", "hidden_size", "inter_size", "topk", "num_experts", "latency"),
+    # NCCL's all-reduce at every size, for a server whose custom all-reduce is off.
+    "collectives_nccl": TABLE_COLUMNS["collectives"],
     # Issue 25's models (calibration/kernel_db_models.py): MLA kernels by KV dtype and heads per GPU,
     # 4-bit and expert-parallel fused MoE, DeepEP's dispatch and combine (`op`) by tokens per GPU.
     "mla_decode_attention": ("dtype", "batch_size", "context", "num_heads", "latency"),
