@@ -77,6 +77,9 @@ class RunConfig:
     """Each step planned while the one before it runs (vLLM's --async-scheduling, SGLang's and
     TensorRT-LLM's overlap scheduler): a request that arrives after a step started waits for the step
     after the next (simulator.engine.server)."""
+    disable_custom_all_reduce: bool = False
+    """As vllm serve's and SGLang's flag: every all-reduce by NCCL (the profile's `collectives_nccl`),
+    the stack's custom all-reduce off (as where GPUs lack peer access)."""
     output_lag: bool = False
     """Under async scheduling, a step's first tokens and finishes reach their clients when the next
     step ends if that one computes prompt tokens (TensorRT-LLM's overlap loop, simulator.engine.delivery)."""

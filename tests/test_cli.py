@@ -107,6 +107,18 @@ def test_batch_table_prints_and_writes(tmp_path: Path, capsys: pytest.CaptureFix
     assert read_metadata(out)["context"] == 2300
 
 
+def test_batch_table_without_the_custom_all_reduce(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # vllm serve's flag: every all-reduce NCCL's, the slower one at TP 8 and decode sizes.
+    times = []
+    for flags in ([], ["--disable-custom-all-reduce"]):
+        out = tmp_path / f"table{len(flags)}.parquet"
+        code, _, err = simulate_cli(["batch-table", "--cost", "measured", "--tensor-parallel-size", "8",
+                                     "--batch", "1,64", "--out", str(out), *flags], capsys)
+        assert code == 0, err
+        times.append(pl.read_parquet(out)["all_reduce_time"].to_numpy())
+    assert (times[1] > times[0]).all() and times[1][0] > 2 * times[0][0]  # most at one sequence
+
+
 @pytest.mark.parametrize(("args", "named"), [
     (["--policy", "fifo"], "'fifo'"),
     (["--rate", "0"], "0"),

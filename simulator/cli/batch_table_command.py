@@ -108,8 +108,8 @@ def draw_table(spec: ModelSpec, hardware: GpuSpec, table: BatchTable, out: Path 
               help="Draw the table [default file: --out's name as .html, or results/batch-table-CONTEXT.html].")
 def batch_table_command(context: int, batches: str, model: str, gpu: str, cost: str, gpu_memory_utilization: float,
                         tensor_parallel_size: int, quantization: str | None, kv_cache_dtype: str,
-                        enable_expert_parallel: bool, data_parallel_size: int, out: Path | None,
-                        plot: str | None) -> None:
+                        enable_expert_parallel: bool, data_parallel_size: int, disable_custom_all_reduce: bool,
+                        out: Path | None, plot: str | None) -> None:
     """The chapter's table: decode step time and tokens/s against batch size."""
     from simulator.cost import build_cost_model
     from simulator.cost.batch_table import batch_table
@@ -129,7 +129,8 @@ def batch_table_command(context: int, batches: str, model: str, gpu: str, cost: 
     config = RunConfig(model=model, gpu=gpu, cost=cost, gpu_memory_utilization=gpu_memory_utilization,
                        tensor_parallel_size=tensor_parallel_size, quantization=quantization,
                        kv_cache_dtype=kv_cache_dtype, enable_expert_parallel=enable_expert_parallel,
-                       data_parallel_size=data_parallel_size, num_replicas=data_parallel_size)
+                       data_parallel_size=data_parallel_size, num_replicas=data_parallel_size,
+                       disable_custom_all_reduce=disable_custom_all_reduce)
     capacity = kv_cache_blocks(config, spec, hardware, context) * config.block_size
     shard = gpu_shard(config, spec)
     table = batch_table(shard, build_cost_model(config, spec, hardware), context, sizes, capacity, data_parallel_size)

@@ -72,7 +72,8 @@ def deployment_options(command: F) -> F:
 
 
 def parallel_options(command: F) -> F:
-    """--enable-expert-parallel and --data-parallel-size, as vLLM names them (MoE models)."""
+    """--enable-expert-parallel and --data-parallel-size (MoE models) and --disable-custom-all-reduce,
+    as vLLM names them."""
     for option in reversed((
         click.option("--enable-expert-parallel", "enable_expert_parallel", is_flag=True,
                      default=DEFAULTS.enable_expert_parallel,
@@ -80,6 +81,10 @@ def parallel_options(command: F) -> F:
                           "instead of splitting each."),
         setting("data_parallel_size", help="Data-parallel attention ranks of --tensor-parallel-size GPUs each, "
                                            "their experts one group (needs --enable-expert-parallel)."),
+        click.option("--disable-custom-all-reduce", "disable_custom_all_reduce", is_flag=True,
+                     default=DEFAULTS.disable_custom_all_reduce,
+                     help="As vllm serve: every all-reduce by NCCL, the stack's custom all-reduce off (as where "
+                          "GPUs lack peer access)."),
     )):
         command = option(command)
     return command

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from simulator.cost.contract import CostModel, StepShape, causal_pairs
 from simulator.cost.curves import BatchCurves, Curve
 from simulator.cost.operators import elementwise_ops
-from simulator.cost.parallel import AllReduce
+from simulator.cost.parallel import AllReduce, all_reduce_table
 from simulator.cost.roofline import RooflineCost
 from simulator.cost.speculative import SpeculativeCost
 from simulator.deploy.hardware import GpuSpec, load_profile, profile_dir
@@ -65,6 +65,8 @@ class CostSettings(Protocol):
     def num_speculative_tokens(self) -> int | None: ...
     @property
     def draft_model(self) -> str | None: ...
+    @property
+    def disable_custom_all_reduce(self) -> bool: ...
 
 
 def build_cost_model(config: CostSettings, model: ModelSpec, gpu: GpuSpec) -> CostModel:
@@ -95,11 +97,12 @@ def _cost_model(config: CostSettings, model: ModelSpec, gpu: GpuSpec) -> CostMod
     if config.cost == "roofline":
         all_reduce = None
         if tp > 1 and (profile_dir(config.gpu) / "profile.json").exists():
-            all_reduce = AllReduce(tp, gpu, load_profile(config.gpu).tables["collectives"])
+            all_reduce = AllReduce(tp, gpu, all_reduce_table(load_profile(config.gpu),
+                                                             config.disable_custom_all_reduce))
         return RooflineCost(deployed, gpu, tp, all_reduce, ep, dp)
     from simulator.cost.measured import measured_cost
 
-    return measured_cost(deployed, config.gpu, tp, ep, dp)
+    return measured_cost(deployed, config.gpu, tp, ep, dp, config.disable_custom_all_reduce)
 
 
 def __getattr__(name: str) -> Any:

@@ -22,7 +22,7 @@ from simulator.cost.gemm import GemmTable, attention_rows
 from simulator.cost.model_tables import AllToAll, mla_curves, moe_quant_curve
 from simulator.cost.moe import MoeTable
 from simulator.cost.operators import ALL_REDUCES_PER_LAYER, all_reduce_bytes, elementwise_ops, gemm_weight_bytes
-from simulator.cost.parallel import AllReduce
+from simulator.cost.parallel import AllReduce, all_reduce_table
 from simulator.cost.roofline import RooflineCost, host_overhead
 from simulator.deploy.hardware import GpuSpec, Profile, load_profile
 from simulator.deploy.model import ModelSpec
@@ -81,9 +81,9 @@ def _suffix(dtype: str | None, profile: Profile) -> str:
 
 
 def build_tables(model: ModelSpec, profile: Profile, tensor_parallel_size: int = 1, expert_parallel_size: int = 1,
-                 data_parallel_size: int = 1) -> MeasuredTables:
+                 data_parallel_size: int = 1, disable_custom_all_reduce: bool = False) -> MeasuredTables:
     """Interpolators for one GPU of `model` (in its run's dtypes) split `tensor_parallel_size` ways
-    (its experts over `expert_parallel_size` GPUs)."""
+    (its experts over `expert_parallel_size` GPUs), its all-reduces NCCL's with the custom one off."""
     if tensor_parallel_size < 1:
         raise InputError(f"tensor parallel size must be >= 1, got {tensor_parallel_size}")
     rank = model.shard(tensor_parallel_size, expert_parallel_size)
@@ -162,7 +162,7 @@ def build_tables(model: ModelSpec, profile: Profile, tensor_parallel_size: int =
 
     all_reduce = None
     if tensor_parallel_size > 1:
-        all_reduce = AllReduce(tensor_parallel_size, gpu, profile.tables["collectives"])
+        all_reduce = AllReduce(tensor_parallel_size, gpu, all_reduce_table(profile, disable_custom_all_reduce))
         if all_reduce.note is not None:
             notes.append(all_reduce.note)
     fallback = None
@@ -386,15 +386,15 @@ class MeasuredCost:
 
 @lru_cache(maxsize=128)
 def _cached_tables(model: ModelSpec, profile: Profile, tensor_parallel_size: int, expert_parallel_size: int,
-                   data_parallel_size: int) -> MeasuredTables:
-    # Profiles hash by identity, and `load_profile` returns the same object until the files change.
-    # 128 deployments (about 0.5 MB of tables each): `simulate compare`'s worker meets the reference
-    # table's 61 in the order of the rows' lengths, and a table takes 0.4-0.9 s to build.
-    return build_tables(model, profile, tensor_parallel_size, expert_parallel_size, data_parallel_size)
+                   data_parallel_size: int, disable_custom_all_reduce: bool) -> MeasuredTables:
+    # Profiles hash by identity (`load_profile` returns the same object until the files change); 128
+    # deployments of ~0.5 MB: `simulate compare`'s worker meets the table's 61, each built in 0.4-0.9 s.
+    return build_tables(model, profile, tensor_parallel_size, expert_parallel_size, data_parallel_size,
+                        disable_custom_all_reduce)
 
 
 def measured_cost(model: ModelSpec, gpu: str, tensor_parallel_size: int = 1, expert_parallel_size: int = 1,
-                  data_parallel_size: int = 1) -> MeasuredCost:
+                  data_parallel_size: int = 1, disable_custom_all_reduce: bool = False) -> MeasuredCost:
     """The measured-kernel cost of `model` on a profile (shipped name or path), with fresh records."""
     return MeasuredCost(_cached_tables(model, load_profile(gpu), tensor_parallel_size, expert_parallel_size,
-                                       data_parallel_size))
+                                       data_parallel_size, disable_custom_all_reduce))

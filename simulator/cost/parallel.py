@@ -10,11 +10,23 @@ from collections import Counter
 from typing import TYPE_CHECKING
 
 from simulator.cost.curves import Curve
-from simulator.deploy.hardware import GpuSpec
+from simulator.deploy.hardware import GpuSpec, Profile
 from simulator.errors import InputError
 
 if TYPE_CHECKING:
     import polars as pl
+
+
+def all_reduce_table(profile: Profile, disable_custom_all_reduce: bool = False) -> pl.DataFrame:
+    """The profile's all-reduce measurements as a server runs them: its stack's (custom all-reduce
+    where it has one, NCCL above its size limit), or, with the custom all-reduce off, NCCL's at every
+    size (`collectives_nccl`)."""
+    if not disable_custom_all_reduce:
+        return profile.tables["collectives"]
+    if "collectives_nccl" not in profile.tables:
+        raise InputError(f"--disable-custom-all-reduce: profile {profile.meta['name']!r} has no NCCL all-reduce "
+                         "measurements (collectives_nccl.parquet)")
+    return profile.tables["collectives_nccl"]
 
 
 class AllReduce:
