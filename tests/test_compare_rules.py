@@ -36,9 +36,13 @@ def test_a_vllm_silicon_row_reruns_with_the_templates_budget_by_default(tmp_path
     vllm = pl.col("point") == "v1"
     assert default.filter(vllm).equals(by_hand.filter(vllm))
     assert not default.filter(vllm)["simulated"].equals(plain.filter(vllm)["simulated"])
-    # SGLang's supported rule is its stock scheduler, which --client plain also gives it.
+    # SGLang's supported rule is its stock scheduler with NCCL's all-reduce, which --client plain
+    # gives it with --disable-custom-all-reduce; without, its TP 2 decode steps are shorter.
     sglang = pl.col("point") == "a1"
-    assert default.filter(sglang).equals(plain.filter(sglang))
+    nccl = rows(tmp_path, capsys, "nccl.parquet", "--client", "plain", "--disable-custom-all-reduce")
+    assert default.filter(sglang).equals(nccl.filter(sglang))
+    tpot = pl.col("statistic") == "tpot_mean"
+    assert (plain.filter(sglang & tpot)["simulated"] < default.filter(sglang & tpot)["simulated"]).all()
 
 
 def test_a_tensorrt_llm_silicon_row_reruns_with_the_templates_budget_by_default(

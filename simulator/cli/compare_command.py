@@ -140,10 +140,14 @@ def is_silicon(path: Path) -> bool:
 @setting("max_num_batched_tokens", type=int, help="The servers' token budget per step (vLLM's default on an "
                                                   "H100-class GPU).")
 @setting("max_num_seqs", type=int, help="The servers' most sequences per step (vLLM's default there).")
+@click.option("--disable-custom-all-reduce", "disable_custom_all_reduce", is_flag=True,
+              help="The servers ran every all-reduce by NCCL, their custom all-reduce off (as --max-num-batched-"
+                   "tokens: a silicon row's only under plain).")
 @click.option("--client", type=click.Choice(CLIENTS), default="supported", show_default=True,
               help="How a silicon CSV's rows are rerun: `supported`, as the data supports they ran, per stack "
                    "(vLLM and TensorRT-LLM with aiconfigurator's token budget max batch + isl + 1500, SGLang "
-                   "with its stock scheduler; docs/validation/stack-fidelity.md), or `plain`, on the stack's "
+                   "with its stock scheduler and NCCL's all-reduce; docs/validation/stack-fidelity.md), or "
+                   "`plain`, on the stack's "
                    "stock scheduler as --max-num-batched-tokens and --max-num-seqs give it (which apply to a "
                    "silicon row only under plain, and to a vLLM or aiperf result always).")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of arrivals and client times.")
@@ -155,7 +159,8 @@ def is_silicon(path: Path) -> bool:
               help="Write the rows (one per point and statistic) as Parquet here [default: none].")
 def compare_command(results: tuple[Path, ...], gpu: tuple[str, ...], tensor_parallel_size: int,
                     quantization: str | None, kv_cache_dtype: str, model: str | None, models_dir: Path | None,
-                    max_num_batched_tokens: int, max_num_seqs: int, client: str, seed: int, strict: bool,
+                    max_num_batched_tokens: int, max_num_seqs: int, disable_custom_all_reduce: bool, client: str,
+                    seed: int, strict: bool,
                     jobs: int | None,
                     quiet: bool, out: Path | None) -> None:
     """Rerun measured results (silicon CSV, vLLM bench serve JSON, aiperf export) and print measured against
@@ -204,7 +209,8 @@ def compare_command(results: tuple[Path, ...], gpu: tuple[str, ...], tensor_para
     bar = Bar(len(units), desc="compare", unit="point", enabled=progress_enabled(quiet))
     try:
         for done, result in enumerate(run_units(units, profile_for(gpu), seed,
-                                                Scheduler(max_num_batched_tokens, max_num_seqs),
+                                                Scheduler(max_num_batched_tokens, max_num_seqs,
+                                                          disable_custom_all_reduce=disable_custom_all_reduce),
                                                 jobs if jobs is not None else len(os.sched_getaffinity(0)),
                                                 rules), 1):
             bar.advance(done)

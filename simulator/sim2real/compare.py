@@ -47,6 +47,8 @@ class Scheduler:
     output_lag: bool = False
     """As the stack delivers its outputs (`simulator.engine.delivery`), where it reruns with async
     scheduling."""
+    disable_custom_all_reduce: bool = False
+    """Every all-reduce NCCL's (`RunConfig.disable_custom_all_reduce`)."""
     speculation: tuple[str, int, str] | None = None
     """Speculative decoding every server runs with, as (method, k, acceptance): `RunConfig`'s
     `speculative_method`, `num_speculative_tokens`, `spec_acceptance` (None: none); a hypothesis
@@ -104,6 +106,7 @@ def point_config(point: MeasuredPoint, gpu: str, seed: int = 0, scheduler: Sched
                      num_dataset_entries=scheduler.num_dataset_entries, kv_cache_dtype="fp8" if fp8_kv else "auto",
                      speculative_method=method, num_speculative_tokens=k, spec_acceptance=acceptance,
                      async_scheduling=overlap, output_lag=overlap and scheduler.output_lag,
+                     disable_custom_all_reduce=scheduler.disable_custom_all_reduce,
                      **deployment_settings(point))
 
 

@@ -11,7 +11,7 @@ the points of one server (`server_key`): same stack and version, model, GPU, dep
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -70,20 +70,25 @@ class Hypothesis:
     vLLM serve's H100 defaults for every stack, the replay as it was; `stock`: each stack's own,
     `simulator.deploy.backends`; `bench`: aiconfigurator's benchmark templates, budget max batch +
     isl + 1500), the client's prompt pool (aiperf's `--num-dataset-entries`; None: every prompt its
-    own) and whether a server's levels ran back to back (`sweep`) or each alone, cold."""
+    own), whether a server's levels ran back to back (`sweep`) or each alone, cold, and whether its
+    all-reduces were NCCL's (`nccl_all_reduce`: the custom all-reduce off)."""
 
     scheduler: str = "vllm-default"
     num_dataset_entries: int | None = None
     sweep: bool = False
+    nccl_all_reduce: bool = False
 
     def scheduler_for(self, unit: Unit) -> Scheduler:
         first = unit.points[0]
         if self.scheduler == "vllm-default":
-            return Scheduler(num_dataset_entries=self.num_dataset_entries)
-        if self.scheduler == "stock":
-            return Scheduler.of(stack_defaults(first.backend), self.num_dataset_entries)
-        most = max(BENCH_MAX_BATCH, *(p.concurrency or 1 for p in unit.points))
-        return Scheduler.of(bench_scheduler(first.backend, first.input_lens[0], most), self.num_dataset_entries)
+            scheduler = Scheduler(num_dataset_entries=self.num_dataset_entries)
+        elif self.scheduler == "stock":
+            scheduler = Scheduler.of(stack_defaults(first.backend), self.num_dataset_entries)
+        else:
+            most = max(BENCH_MAX_BATCH, *(p.concurrency or 1 for p in unit.points))
+            scheduler = Scheduler.of(bench_scheduler(first.backend, first.input_lens[0], most),
+                                     self.num_dataset_entries)
+        return replace(scheduler, disable_custom_all_reduce=self.nccl_all_reduce)
 
     def rerun(self, points: list[MeasuredPoint], gpu: str, seed: int = 0) -> list[tuple[MeasuredPoint, Replay]]:
         """Every point rerun on `gpu` as this hypothesis says, each with its Replay."""
@@ -93,8 +98,11 @@ class Hypothesis:
         return pairs
 
 
-SUPPORTED = {"vllm": Hypothesis("bench"), "sglang": Hypothesis("stock"), "trtllm": Hypothesis("bench")}
+SUPPORTED = {"vllm": Hypothesis("bench"), "sglang": Hypothesis("stock", nccl_all_reduce=True),
+             "trtllm": Hypothesis("bench")}
 """Per stack, the hypothesis aiconfigurator's silicon rows support best (docs/validation/stack-fidelity.md):
 vLLM and TensorRT-LLM with the templates' token budget (TensorRT-LLM's stock 8,192 tokens, decoders
 included, holds an 8,192-token prompt only in a step with no decoder, which the measured TPOTs of
-those rows refute), SGLang with its stock scheduler; no prompt pool, no cache hits."""
+those rows refute), SGLang with its stock scheduler and NCCL's all-reduce (its decode steps are
+short by the custom all-reduce's saving otherwise; vLLM's and TensorRT-LLM's rows reject it); no
+prompt pool, no cache hits."""
