@@ -127,8 +127,10 @@ def test_a_run_killed_while_writing_leaves_a_scratch_folder_the_next_run_removes
         return [p for p in tmp_path.iterdir() if p.name.startswith(".")]
 
     try:
-        # The scratch folder (.run.*), not the probe of whether --out can be written at all.
-        wait_until(lambda: any(p.name.startswith(".run.") for p in hidden()), 300, "the run to start writing")
+        # The scratch folder (.run.*.scratch), not the probe of whether --out can be written at all,
+        # nor the folder in the instant before it is locked and renamed to that name.
+        wait_until(lambda: any(p.name.startswith(".run.") and p.name.endswith(".scratch") for p in hidden()), 300,
+                   "the run to start writing")
         os.killpg(run.pid, signal.SIGKILL)
         run.wait()
     finally:
