@@ -25,9 +25,9 @@ from collections.abc import Callable
 from simulator.engine.request import Request
 from simulator.engine.steplog import StepLog
 
-Held = tuple[list[Request], list[tuple[Request, float]], int]
-"""A step's held outputs: the requests whose first token it computed, those it finished (each with
-the end of its last step), and its index in the step log."""
+Held = tuple[list[Request], list[Request], int]
+"""A step's held outputs: the requests whose first token it computed, those it finished, and its
+index in the step log."""
 
 
 class Delivery:
@@ -39,14 +39,14 @@ class Delivery:
         """The clients' `on_finish`, told (request, time) when a finish reaches them."""
         self.first: list[Request] = []
         """Requests whose first token the last step computed (the running set appends to it)."""
-        self.finished: list[tuple[Request, float]] = []
-        """Requests that finished, each with the end of its last step."""
+        self.finished: list[Request] = []
+        """Requests that finished (`Request.finish`: the end of their last step, until delivered)."""
         self.decided = -1
         """The last step whose outputs are delivered or carried (the steps after it are not)."""
 
-    def hold(self, request: Request, at: float) -> None:
-        """`request` finished in the step ending at `at` (a running set's `on_finish`)."""
-        self.finished.append((request, at))
+    def hold(self, request: Request, _at: float) -> None:
+        """`request` finished in the step ending at `_at`, its `finish` (a running set's `on_finish`)."""
+        self.finished.append(request)
 
     def pending(self) -> bool:
         """Has the last step logged outputs that wait for the next step to be known?"""
@@ -66,9 +66,9 @@ class Delivery:
         self.log.held.append(step)
         for request in first:
             request.first_token = at
-        for request, _ in finished:
+        for request in finished:
             request.finish = at
-        self._tell(finished, at)
+        self._tell(finished)
 
     def deliver_now(self) -> None:
         """The last step's outputs reach their clients at its end (the next step computes no
@@ -80,8 +80,8 @@ class Delivery:
             finished, self.finished = self.finished, []
             self._tell(finished)
 
-    def _tell(self, finished: list[tuple[Request, float]], at: float | None = None) -> None:
+    def _tell(self, finished: list[Request]) -> None:
         notify = self.notify
         if notify is not None:
-            for request, end in finished:
-                notify(request, end if at is None else at)
+            for request in finished:
+                notify(request, request.finish)
