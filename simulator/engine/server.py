@@ -116,10 +116,10 @@ class Server:
         self.horizon: Callable[[], float] = partial(_next_event, env._queue)  # type: ignore[attr-defined]
         """The next instant another process could read or change this server: by default the clock's
         next event; a fleet open loop's next arrival (`simulator.fleet.engine`)."""
-        self.finish_seen_elsewhere = output_lag
-        """A finish is seen by other servers at its instant (a fleet's closed-loop client routes its
-        next request then), or is held until the next step is known (output lag): a padded batch's
-        stretch stops at each member's finish, not its last."""
+        self.stretch_stops_at_each_finish = output_lag
+        """A padded batch's stretch stops at each member's finish, not its last: where a finish is
+        seen at its instant by other servers (a fleet's closed-loop client routes its next request
+        then), or is held until the next step is known (output lag)."""
         self.stretch_kv: tuple[Sequence[float], Sequence[int]] | None = None
         """While a decode stretch is waited for: its step ends and the KV blocks its steps took by
         then (cumulative), which it commits at its end; a router reads the blocks held mid-stretch."""
@@ -330,7 +330,7 @@ class Server:
             horizon, last = self.horizon(), decoders.next_finish()
         else:  # nobody joins a padded batch, which holds its rows to its last member's finish
             horizon = math.inf
-            last = decoders.next_finish() if self.finish_seen_elsewhere else running.batch_last_step
+            last = decoders.next_finish() if self.stretch_stops_at_each_finish else running.batch_last_step
         seen = horizon  # the clock's next event: what a timeout is waited for
         if self.next_arrival < horizon and running.batch is None:  # a fed server's next request joins then
             horizon = self.next_arrival

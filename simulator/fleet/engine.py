@@ -173,7 +173,7 @@ class Fleet:
                 server.on_finish = reply
         if on_finish is not None:
             for server in self.servers[-1]:
-                server.finish_seen_elsewhere = True
+                server.stretch_stops_at_each_finish = True  # its finishes route the closed loop's next requests
         self.watched = self._watch(arrivals) if arrivals is not None else None
         """Arrival i's horizon, told when it has been routed."""
 
