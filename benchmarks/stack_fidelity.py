@@ -55,8 +55,8 @@ VARIANTS = {
     "bench-pool-sweep": Variant(Hypothesis("bench", AIPERF_ENTRIES, True)),
     "stock-pool-sweep": Variant(Hypothesis("stock", AIPERF_ENTRIES, True)),
     "bench-pool-sweep-2x20": Variant(Hypothesis("bench", AIPERF_ENTRIES, True), 2, 20),
-    "stock-nccl": Variant(Hypothesis("stock", nccl_all_reduce=True)),
-    "bench-nccl": Variant(Hypothesis("bench", nccl_all_reduce=True)),
+    "stock-nccl": Variant(Hypothesis("stock", disable_custom_all_reduce=True)),
+    "bench-nccl": Variant(Hypothesis("bench", disable_custom_all_reduce=True)),
     "supported": Variant(Hypothesis("per-stack")),
     "supported-2x20": Variant(Hypothesis("per-stack"), 2, 20),
 }

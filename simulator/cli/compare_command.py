@@ -147,9 +147,8 @@ def is_silicon(path: Path) -> bool:
               help="How a silicon CSV's rows are rerun: `supported`, as the data supports they ran, per stack "
                    "(vLLM and TensorRT-LLM with aiconfigurator's token budget max batch + isl + 1500, SGLang "
                    "with its stock scheduler and NCCL's all-reduce; docs/validation/stack-fidelity.md), or "
-                   "`plain`, on the stack's "
-                   "stock scheduler as --max-num-batched-tokens and --max-num-seqs give it (which apply to a "
-                   "silicon row only under plain, and to a vLLM or aiperf result always).")
+                   "`plain`, on the stack's stock scheduler as --max-num-batched-tokens and --max-num-seqs give "
+                   "it (which apply to a silicon row only under plain, and to a vLLM or aiperf result always).")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of arrivals and client times.")
 @click.option("--strict", is_flag=True, help="A row servesim cannot express is an error, not a skip.")
 @click.option("--jobs", type=SettingType("jobs", Range(int, 1, MAX_JOBS, "workers")), default=None,
@@ -160,9 +159,7 @@ def is_silicon(path: Path) -> bool:
 def compare_command(results: tuple[Path, ...], gpu: tuple[str, ...], tensor_parallel_size: int,
                     quantization: str | None, kv_cache_dtype: str, model: str | None, models_dir: Path | None,
                     max_num_batched_tokens: int, max_num_seqs: int, disable_custom_all_reduce: bool, client: str,
-                    seed: int, strict: bool,
-                    jobs: int | None,
-                    quiet: bool, out: Path | None) -> None:
+                    seed: int, strict: bool, jobs: int | None, quiet: bool, out: Path | None) -> None:
     """Rerun measured results (silicon CSV, vLLM bench serve JSON, aiperf export) and print measured against
     simulated; rows servesim cannot express are skipped and counted by reason."""
     import os

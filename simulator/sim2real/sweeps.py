@@ -71,12 +71,12 @@ class Hypothesis:
     `simulator.deploy.backends`; `bench`: aiconfigurator's benchmark templates, budget max batch +
     isl + 1500), the client's prompt pool (aiperf's `--num-dataset-entries`; None: every prompt its
     own), whether a server's levels ran back to back (`sweep`) or each alone, cold, and whether its
-    all-reduces were NCCL's (`nccl_all_reduce`: the custom all-reduce off)."""
+    all-reduces were NCCL's (`disable_custom_all_reduce`: the custom all-reduce off)."""
 
     scheduler: str = "vllm-default"
     num_dataset_entries: int | None = None
     sweep: bool = False
-    nccl_all_reduce: bool = False
+    disable_custom_all_reduce: bool = False
 
     def scheduler_for(self, unit: Unit) -> Scheduler:
         first = unit.points[0]
@@ -88,7 +88,7 @@ class Hypothesis:
             most = max(BENCH_MAX_BATCH, *(p.concurrency or 1 for p in unit.points))
             scheduler = Scheduler.of(bench_scheduler(first.backend, first.input_lens[0], most),
                                      self.num_dataset_entries)
-        return replace(scheduler, disable_custom_all_reduce=self.nccl_all_reduce)
+        return replace(scheduler, disable_custom_all_reduce=self.disable_custom_all_reduce)
 
     def rerun(self, points: list[MeasuredPoint], gpu: str, seed: int = 0) -> list[tuple[MeasuredPoint, Replay]]:
         """Every point rerun on `gpu` as this hypothesis says, each with its Replay."""
@@ -98,7 +98,7 @@ class Hypothesis:
         return pairs
 
 
-SUPPORTED = {"vllm": Hypothesis("bench"), "sglang": Hypothesis("stock", nccl_all_reduce=True),
+SUPPORTED = {"vllm": Hypothesis("bench"), "sglang": Hypothesis("stock", disable_custom_all_reduce=True),
              "trtllm": Hypothesis("bench")}
 """Per stack, the hypothesis aiconfigurator's silicon rows support best (docs/validation/stack-fidelity.md):
 vLLM and TensorRT-LLM with the templates' token budget (TensorRT-LLM's stock 8,192 tokens, decoders
