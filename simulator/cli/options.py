@@ -84,7 +84,7 @@ def parallel_options(command: F) -> F:
         click.option("--disable-custom-all-reduce", "disable_custom_all_reduce", is_flag=True,
                      default=DEFAULTS.disable_custom_all_reduce,
                      help="As vllm serve: every all-reduce by NCCL, the stack's custom all-reduce off (as where "
-                          "GPUs lack peer access)."),
+                          "GPUs lack peer access); on one GPU, as there, it changes nothing."),
     )):
         command = option(command)
     return command
