@@ -6,6 +6,7 @@ hand-worked case, and how many of the aggregated rows are rerun."""
 from __future__ import annotations
 
 import csv
+import statistics
 from collections import Counter, defaultdict
 from dataclasses import replace
 from pathlib import Path
@@ -23,7 +24,7 @@ from simulator.run.sizing import gpu_shard
 from simulator.sim2real.compare import Scheduler, default_profile, point_config, point_workload
 from simulator.sim2real.measured import read_measured
 from simulator.sim2real.points import Reading
-from simulator.sim2real.silicon import unsquared
+from simulator.sim2real.silicon import SQUARED_ID, unsquared
 
 pytestmark = needs_upstream
 NEW = ("deepseek-ai/DeepSeek-R1", "deepseek-ai/DeepSeek-V3", "moonshotai/Kimi-K2.5", "openai/gpt-oss-120b",
@@ -121,6 +122,7 @@ def test_block_fp8_of_a_16bit_checkpoint_is_block_fp8_weights(tmp_path: Path) ->
     ("x_agg_1024x1024_c64_tp8_ep8_953", (64, 1, 8, 8, 64), (8, 1, 1, 8, 64)),
     ("x_agg_1024x1024_c256_tp8_ep8_2011", (1, 64, 8, 8, 4), (1, 8, 1, 8, 32)),
     ("x_agg_8192x1024_c16_tp4_ep4_926", (16, 1, 4, 4, 16), (4, 1, 1, 4, 16)),
+    ("x_agg_1024x1024_c32_tp4_ep4_1342", (4, 4, 1, 16, 8), (4, 1, 1, 4, 32)),
     # Consistent rows stay as they are: 4 GPUs of MoE TP 2 x EP 2, and an id that does not name them.
     ("x_agg_1024x1024_c8_tp4_ep2_1", (4, 1, 2, 2, 8), (4, 1, 2, 2, 8)),
     ("dsr1_h200_trtllm_fp8_agg_1024x1024_c64_cfg181", (64, 1, 8, 8, 64), (64, 1, 8, 8, 64)),
@@ -148,6 +150,44 @@ def test_the_squared_rows_repair_agrees_with_the_same_measurements_earlier_row()
             assert len(shapes) == 1, [r["id"] for r in rows]
             checked += 1
     assert checked >= 30
+
+
+@needs_upstream
+def test_a_repaired_row_is_the_deployment_its_remeasurement_in_the_earlier_file_names() -> None:
+    # Some measurements were run again for a later source file whose columns square the worker
+    # (tp_size 4, attention_dp_size 4, moe_ep_size 16 for MiniMax-M2.5 on 4 H100s); the earlier
+    # file's row of the same server, lengths and concurrency names its N GPUs, and the two
+    # measured TPOTs agree as one deployment's would (a 16-GPU server would decode far faster).
+    with UPSTREAM.open() as file:
+        table = [r for r in csv.DictReader(file) if r["mode"] == "agg" and "silicon_concurrency=" in
+                 r["silicon_data_source"]]
+
+    def columns(r: dict[str, str]) -> tuple[int, ...]:
+        return tuple(int(r[c] or 1) for c in ("tp_size", "attention_dp_size", "moe_tp_size", "moe_ep_size",
+                                              "batch_size"))
+
+    def key(r: dict[str, str]) -> tuple[str, ...]:
+        noted = r["silicon_data_source"].split("silicon_concurrency=")[1].split(";")[0]
+        named = SQUARED_ID.search(r["id"])  # the deployment the id names, tpN_epM
+        return (r["model_path"], r["system"], r["backend"], r["backend_version"], r["isl"], r["osl"], noted,
+                named.groups() if named else ("", ""))
+
+    plain = defaultdict(list)
+    for r in table:
+        if unsquared(r["id"], *columns(r)) == columns(r):
+            plain[key(r)].append(r)
+    ratios = []
+    for r in table:
+        repaired = unsquared(r["id"], *columns(r))
+        if repaired == columns(r):
+            continue
+        for twin in plain[key(r)]:
+            assert columns(twin) == repaired, (r["id"], twin["id"])
+            ratios.append(float(r["silicon_tpot_ms"]) / float(twin["silicon_tpot_ms"]))
+    # Most twins are the same numbers copied; a few were measured again and moved (up to +61%).
+    assert len(ratios) >= 60
+    assert statistics.median(abs(x - 1) for x in ratios) < 0.01
+    assert sum(abs(x - 1) < 0.05 for x in ratios) >= 0.9 * len(ratios)
 
 
 def test_a_disaggregated_row_without_workers_is_one_prefill_and_one_decode_worker(tmp_path: Path) -> None:

@@ -250,16 +250,20 @@ def weight_quantization(model: Resolved, precision: str, gemm: str, four_bit_exp
 def unsquared(row_id: str, tp: int, adp: int, moe_tp: int | None, moe_ep: int, batch: int
               ) -> tuple[int, int, int | None, int, int]:
     """An aggregated row's (tp, attention_dp, moe_tp, moe_ep, batch), repairing the upstream table's
-    squared worker: a row whose id names `tpN..._epN` but whose columns say N x N GPUs (tp_size or
-    attention_dp_size N**2, moe_tp_size = moe_ep_size = N) is the N-GPU deployment the id names, as
-    the same measurement's row in the earlier source file says (tp_size N or attention_dp_size N,
-    moe_tp_size 1, moe_ep_size N, batch_size per rank N times larger)."""
+    squared worker: a row whose id names `tpN..._epN` but whose columns say N x N GPUs (tp_size x
+    attention_dp_size = moe_tp_size x moe_ep_size = N**2) is the N-GPU deployment the id names, as
+    the same measurement's row in the earlier source file says: tp_size N**2 and moe_tp_size N was
+    tp_size N; attention_dp_size N**2 and moe_tp_size N was attention_dp_size N (batch_size per
+    rank N times larger); tp_size = attention_dp_size = N and moe_ep_size N**2 was tp_size N (the
+    batch per rank N times larger), each with moe_tp_size 1 and moe_ep_size N."""
     named = SQUARED_ID.search(row_id)
     n = int(named.group(1)) if named and named.group(1) == named.group(2) else 0
-    if n < 2 or moe_tp != n or moe_ep != n or tp * adp != n * n:
+    if n < 2 or tp * adp != n * n or (moe_tp or 1) * moe_ep != n * n:
         return tp, adp, moe_tp, moe_ep, batch
-    if tp == n * n and adp == 1:
+    if (tp, adp, moe_tp) == (n * n, 1, n):
         return n, 1, 1, n, batch
-    if adp == n * n and tp == 1:
+    if (tp, adp, moe_tp) == (1, n * n, n):
         return 1, n, 1, n, batch * n
+    if (tp, adp, moe_tp) == (n, n, 1):
+        return n, 1, 1, n, batch * n
     return tp, adp, moe_tp, moe_ep, batch
