@@ -6,11 +6,13 @@ hand-computed tiny case."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from simulator.cost.contract import StepShape
 from simulator.deploy.memory import sliding_window_reserve_bytes
 from simulator.deploy.model import load_model
 from simulator.deploy.spec import ModelSpec
@@ -55,6 +57,7 @@ def test_builtins_match_their_config_json_field_by_field(name: str) -> None:
     assert spec.expert_dtype == {"mxfp4": "mxfp4", "compressed-tensors": "int4"}.get(method)
     assert spec.weight_dtype == ("fp8_block" if method == "fp8" else None)
     assert FILES[name].replace("--", "/") in spec.source
+    assert spec.qk_norm_across_heads == (c.get("use_qk_norm", False) and c.get("qk_norm_type") == "per_layer")
 
 
 # Model cards: DeepSeek-V3 "671B total parameters with 37B activated" (685B with the MTP module servesim
@@ -175,3 +178,41 @@ def test_gpt_oss_layer_types_are_checked(tmp_path: Path) -> None:
     path.write_text(json.dumps(config | {"architectures": ["MistralForCausalLM"]}))
     with pytest.raises(InputError, match="sliding_window 16 means sliding-window attention"):
         load_model(str(path))
+
+
+def test_minimax_norms_its_queries_and_keys_across_the_tensor_parallel_gpus(tmp_path: Path) -> None:
+    """MiniMax normalizes q and k over all heads: each layer under TP all-reduces two fp32 partial
+    variances per token besides the two hidden-state all-reduces; on one GPU there is nothing to
+    reduce. By hand at TP 4 on the H200 profile, 16 tokens: 62 layers x t(16 x 8 bytes)."""
+    from collections import Counter
+
+    from simulator.cost.measured import measured_cost
+    from simulator.cost.operators import layer_all_reduces
+    from simulator.cost.parallel import AllReduce, all_reduce_table
+    from simulator.deploy.hardware import load_gpu, load_profile
+
+    minimax = load_model("minimax-m2.5")
+    assert minimax.qk_norm_across_heads and not load_model("qwen3-32b").qk_norm_across_heads
+    assert layer_all_reduces(minimax.shard(4), 16) == ((2, 16 * 3072 * 2), (1, 16 * 8))
+    per_head = replace(minimax, qk_norm_across_heads=False)
+    reduce = AllReduce(4, load_gpu("h200_sxm_vllm"), all_reduce_table(load_profile("h200_sxm_vllm")))
+    variances = 62 * reduce.time(16 * 8, Counter())
+    assert 62 * 3e-6 < variances < 62 * 20e-6  # a few microseconds each: a latency-bound message
+    shape = StepShape(16, 16, 16 * 1000)
+    across = measured_cost(minimax, "h200_sxm_vllm", 4).breakdown(shape)["collectives"]
+    assert across - measured_cost(per_head, "h200_sxm_vllm", 4).breakdown(shape)["collectives"] == pytest.approx(
+        variances, rel=1e-9)
+    assert measured_cost(minimax, "h200_sxm_vllm", 1).breakdown(shape)["collectives"] == 0
+    config = {"architectures": ["MiniMaxM2ForCausalLM"], "num_hidden_layers": 2, "hidden_size": 64,
+              "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 32, "intermediate_size": 32,
+              "vocab_size": 10, "num_local_experts": 4, "num_experts_per_tok": 2, "use_qk_norm": True,
+              "qk_norm_type": "per_layer"}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    assert load_model(str(path)).qk_norm_across_heads
+    path.write_text(json.dumps(config | {"use_qk_norm": False}))
+    assert not load_model(str(path)).qk_norm_across_heads
+    path.write_text(json.dumps(config | {"qk_norm_type": "per_group"}))
+    with pytest.raises(InputError, match='qk_norm_type "per_group" is not per_head or per_layer') as caught:
+        load_model(str(path))
+    assert "\n" not in str(caught.value)

@@ -21,7 +21,7 @@ from simulator.cost.curves import BatchCurves, Curve
 from simulator.cost.gemm import GemmTable, attention_rows
 from simulator.cost.model_tables import AllToAll, mla_curves, moe_quant_curve
 from simulator.cost.moe import MoeTable
-from simulator.cost.operators import ALL_REDUCES_PER_LAYER, all_reduce_bytes, elementwise_ops, gemm_weight_bytes
+from simulator.cost.operators import elementwise_ops, gemm_weight_bytes
 from simulator.cost.parallel import AllReduce, all_reduce_table
 from simulator.cost.roofline import RooflineCost, host_overhead
 from simulator.deploy.hardware import GpuSpec, Profile, load_profile
@@ -271,8 +271,7 @@ class MeasuredCost:
         t = self.tables
         if t.all_reduce is None:
             return 0.0
-        return ALL_REDUCES_PER_LAYER * t.model.num_layers * t.all_reduce.time(all_reduce_bytes(t.model, tokens),
-                                                                              self.extrapolated)
+        return t.model.num_layers * t.all_reduce.layer_time(t.model, tokens, self.extrapolated)
 
     def _kept(self, part: int, tokens: int, num_seqs: int, logit_rows: int,
               compute: Callable[[], tuple[float, ...]]) -> tuple[float, ...]:

@@ -3,7 +3,8 @@
 Per layer: the linear layers (`ModelSpec.linear_shapes`: QKV, attention output and the gated MLP,
 or the MoE router), the experts of a MoE layer, attention, the elementwise kernels below and,
 under tensor parallelism, two all-reduces of the hidden state (after the attention output and the
-MLP, the row-parallel layers). Per step: the LM head on one token per sequence and sampling.
+MLP, the row-parallel layers; a third of query and key variances where they are normalized over all
+heads). Per step: the LM head on one token per sequence and sampling.
 
 The measured model prices `elementwise_ops` kernel by kernel; the roofline keeps its coarser sum of
 the same kernels (five per layer, the final norm and embedding gather left out), which its
@@ -40,6 +41,15 @@ def elementwise_ops(model: ModelSpec) -> tuple[tuple[str, bool, int, int], ...]:
 def all_reduce_bytes(model: ModelSpec, tokens: int) -> int:
     """One all-reduce's message: the hidden state of every token in the step."""
     return tokens * model.hidden_size * model.dtype_bytes
+
+
+def layer_all_reduces(model: ModelSpec, tokens: int) -> tuple[tuple[int, int], ...]:
+    """A layer's all-reduces under tensor parallelism as (count, message bytes): the hidden state
+    after the attention output and after the MLP, and, where queries and keys are normalized over
+    all heads (MiniMax), their partial variances, one fp32 each per token (vLLM's
+    `MiniMaxText01RMSNormTP.forward_qk`)."""
+    hidden = ((ALL_REDUCES_PER_LAYER, all_reduce_bytes(model, tokens)),)
+    return (*hidden, (1, tokens * 2 * 4)) if model.qk_norm_across_heads else hidden
 
 
 def gemm_weight_bytes(model: ModelSpec, name: str) -> int:

@@ -10,11 +10,14 @@ from collections import Counter
 from typing import TYPE_CHECKING
 
 from simulator.cost.curves import Curve
+from simulator.cost.operators import layer_all_reduces
 from simulator.deploy.hardware import GpuSpec, Profile
 from simulator.errors import InputError
 
 if TYPE_CHECKING:
     import polars as pl
+
+    from simulator.deploy.spec import ModelSpec
 
 
 def all_reduce_table(profile: Profile, disable_custom_all_reduce: bool = False) -> pl.DataFrame:
@@ -64,3 +67,7 @@ class AllReduce:
         if self.curve is None:
             return self.roofline(nbytes)
         return self.curve.at(nbytes, self.roofline, record)
+
+    def layer_time(self, model: ModelSpec, tokens: int, record: Counter[str]) -> float:
+        """One layer's all-reduces (`layer_all_reduces`) in a step of `tokens` tokens."""
+        return sum(count * self.time(nbytes, record) for count, nbytes in layer_all_reduces(model, tokens))

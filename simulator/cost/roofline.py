@@ -9,9 +9,7 @@ import numpy as np
 
 from simulator.cost.contract import StepShape
 from simulator.cost.operators import (
-    ALL_REDUCES_PER_LAYER,
     ELEMENTWISE_KERNELS_PER_LAYER,
-    all_reduce_bytes,
     all_to_all_bytes,
     gemm_weight_bytes,
     moe_bytes_and_flops,
@@ -181,7 +179,7 @@ class RooflineCost:
             + 2 * rank.rotary_elements) + tokens * rank.kv_bytes_per_token_per_layer
         layer += ELEMENTWISE_KERNELS_PER_LAYER * gpu.kernel_latency + elementwise_bytes / gpu.mem_bw
         if self.all_reduce is not None:
-            layer += ALL_REDUCES_PER_LAYER * self.all_reduce.time(all_reduce_bytes(rank, tokens), self.extrapolated)
+            layer += self.all_reduce.layer_time(rank, tokens, self.extrapolated)
         # The LM head runs on one token per sequence; sampling reads the whole vocabulary's fp32 logits.
         head = self.gemm_time(logit_rows, rank.vocab_size, rank.hidden_size)
         sampling = gpu.kernel_latency + logit_rows * self.model.vocab_size * 4 / gpu.mem_bw
@@ -245,8 +243,7 @@ class RooflineCost:
         total = self.step_time(shape)
         collectives = 0.0
         if self.all_reduce is not None and shape.num_tokens:
-            collectives = self.rank.num_layers * ALL_REDUCES_PER_LAYER * self.all_reduce.time(
-                all_reduce_bytes(self.rank, shape.num_tokens), Counter())
+            collectives = self.rank.num_layers * self.all_reduce.layer_time(self.rank, shape.num_tokens, Counter())
         if shape.num_tokens:
             collectives += self.rank.moe_layers * self.all_to_all_time(shape.num_tokens)
         return {"compute": total - collectives, "collectives": collectives}

@@ -130,6 +130,14 @@ class ConfigFile:
             self.fail(f"hidden_act {clip(repr(self.data['hidden_act']))}: servesim prices gated SiLU MLPs only")
         return supported[0]
 
+    def qk_norm_across_heads(self) -> bool:
+        """Whether queries and keys are normalized over all heads at once (`qk_norm_type`
+        per_layer, with `use_qk_norm`), rather than per head or not at all."""
+        kind = self.text("qk_norm_type", "per_head")
+        if kind not in ("per_head", "per_layer"):
+            self.fail(f"qk_norm_type {shown(kind)} is not per_head or per_layer")
+        return self.flag("use_qk_norm", False) and kind == "per_layer"
+
     def count(self, key: str) -> int:
         """A non-negative integer field (0 when absent)."""
         value = self.data.get(key)

@@ -79,7 +79,8 @@ GPT_OSS_120B = ModelSpec(
 MINIMAX_M2_5 = ModelSpec(
     name="minimax-m2.5", num_layers=62, hidden_size=3072, num_heads=48, num_kv_heads=8, head_dim=128,
     intermediate_size=1536, vocab_size=200064, max_model_len=196608, num_experts=256, num_experts_per_tok=8,
-    moe_intermediate_size=1536, weight_dtype="fp8_block", source=_from_hf("MiniMaxAI--MiniMax-M2.5"))
+    moe_intermediate_size=1536, weight_dtype="fp8_block", qk_norm_across_heads=True,
+    source=_from_hf("MiniMaxAI--MiniMax-M2.5"))
 
 # A model small enough to run layer by layer on a CPU in seconds (calibration tests).
 TINY = ModelSpec(
@@ -145,6 +146,7 @@ def from_hf_config(path: Path) -> ModelSpec:
         sliding_layers=sliding_layers,
         sliding_window=window,
         attention_sinks=architecture in SLIDING_ARCHITECTURES,
+        qk_norm_across_heads=config.qk_norm_across_heads(),
         num_nextn_predict_layers=config.count("num_nextn_predict_layers"),
         source=str(path),
     )

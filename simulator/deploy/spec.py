@@ -80,6 +80,9 @@ class ModelSpec:
     sliding_layers: int = 0
     attention_sinks: bool = False
     """One learned logit per head that every query attends to (gpt-oss)."""
+    qk_norm_across_heads: bool = False
+    """Queries and keys RMS-normalized over all heads together (MiniMax's `qk_norm_type` per_layer),
+    not head by head: under tensor parallelism each layer all-reduces the partial variances."""
     expert_parallel: int = 1
     """GPUs the routed experts are spread over (whole experts each); set by `shard`."""
     num_nextn_predict_layers: int = 0
