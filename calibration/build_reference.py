@@ -27,7 +27,7 @@ import polars as pl
 import yaml
 
 from calibration.fit_roofline import GPUS, PROFILES_DIR, build_profile
-from calibration.kernel_db import NCCL_FAMILY, STACK_VERSIONS, nccl_table, stack_tables
+from calibration.kernel_db import NCCL_FAMILY, STACK_VERSIONS, nccl_said, nccl_table, stack_tables
 from calibration.kernel_db_models import write_profile_tables
 
 FORMAT = 1
@@ -85,9 +85,7 @@ def collectives_table(kernel_dir: Path) -> pl.DataFrame:
     custom = (pl.read_parquet(kernel_dir / "custom_allreduce_perf.parquet")
               .filter((pl.col("backend") == "vllm_graph") & (pl.col("allreduce_dtype") == "bfloat16"))
               .select(**columns).filter(pl.col("message_bytes") <= CUSTOM_ALLREDUCE_MAX_BYTES))
-    nccl = (pl.read_parquet(kernel_dir / "nccl_perf.parquet")
-            .filter((pl.col("op_name") == "all_reduce") & (pl.col("nccl_dtype") == "half"))
-            .select(**columns).filter(pl.col("message_bytes") > CUSTOM_ALLREDUCE_MAX_BYTES))
+    nccl = nccl_table(kernel_dir / "nccl_perf.parquet").filter(pl.col("message_bytes") > CUSTOM_ALLREDUCE_MAX_BYTES)
     return pl.concat([custom, nccl]).sort("num_gpus", "message_bytes")
 
 
@@ -133,8 +131,8 @@ def build(gpu: str, reference: Path, out: Path) -> None:
             "elementwise": (f"derived: {kernel_latency * 1e6:.2f} us (median bf16 GEMM with m <= 16, "
                             f"n, k <= 128) + bytes / {mem_bw / 1e12:.2f} TB/s (weight-streaming GEMMs)"),
             "collectives": ("measured: custom_allreduce_perf.parquet (vllm_graph backend, bf16) up to 8 MiB, "
-                            "nccl_perf.parquet (all_reduce, half) above"),
-            "collectives_nccl": NCCL_FAMILY.format(path="nccl_perf.parquet"),
+                            f"NCCL above ({nccl_said(kernel_dir / 'nccl_perf.parquet')})"),
+            "collectives_nccl": NCCL_FAMILY.format(said=nccl_said(kernel_dir / "nccl_perf.parquet")),
             "gemm_fp8": f"measured: gemm_perf.parquet, fp8 ({fp8_gemm.height} shapes)",
             "gemm_fp8_block": f"measured: gemm_perf.parquet, fp8_block ({block_gemm.height} shapes)",
             "prefill_attention_fp8": f"measured: context_attention_perf.parquet, fp8 KV ({fp8_prefill.height} shapes)",

@@ -12,11 +12,14 @@ What each stack runs on Hopper, and so which rows are kept where a table holds s
 - GEMM: the stack's bf16, fp8 per-tensor and fp8 128x128-block GEMMs (one kernel each);
 - MoE: vLLM's fused MoE, SGLang's Triton fused MoE (its default runner), TensorRT-LLM's CUTLASS
   MoE; balanced routing, no expert parallelism, `inter_size` one GPU's share of an expert;
-- all-reduce: vLLM's and SGLang's custom all-reduce as captured in CUDA graphs up to 8 MiB (both
-  stacks' default `max_size`), NCCL above (from `../shared/reference/kernels/<gpu>/nccl_perf.parquet`,
-  the kernel database has none); TensorRT-LLM's own all-reduce at every size (it picks its
-  strategy itself, NCCL included). And NCCL's at every size (`collectives_nccl`): a server whose
-  custom all-reduce is off (`--disable-custom-all-reduce`).
+- all-reduce: each stack's as its collector measured it, at every size: aiconfigurator's
+  collector/network/collect_all_reduce.py times vLLM's and SGLang's `tensor_model_parallel_all_reduce`
+  captured in a CUDA graph, which picks the stack's custom all-reduce, symmetric memory or NCCL by
+  message size, as a server does; TensorRT-LLM's own all-reduce (it picks its strategy itself, NCCL
+  included). And NCCL's at every size (`collectives_nccl`, from
+  `../shared/reference/kernels/<gpu>/nccl_perf.parquet`; the H200's file measures no all-reduce,
+  which is derived from the H100's, `nccl_all_reduce`): a server whose custom all-reduce is off
+  (`--disable-custom-all-reduce`).
 Rows measured twice with the same key are merged to their median.
 
 The model-specific tables (MLA, quantized experts, all-to-all) are written into the same folders
@@ -37,9 +40,6 @@ MS = 1e-3
 BF16 = 2
 STACK_VERSIONS = {"vllm": "0.19.0", "sglang": "0.5.14", "trtllm": "1.3.0rc20"}
 """The version each stack's profile is built for (the kernel database's)."""
-CUSTOM_ALLREDUCE_MAX_BYTES = 8 * 2**20
-"""vLLM's and SGLang's custom all-reduce `max_size` default: larger messages go to NCCL
-(vllm/distributed/device_communicators/custom_all_reduce.py, sglang's custom_all_reduce.py)."""
 
 
 @dataclass(frozen=True)
@@ -51,7 +51,7 @@ class StackKernels:
     """gemm_dtype -> kernel_source."""
     moe: str
     allreduce: tuple[str, str] | None
-    """(column, value) of the graph-captured custom all-reduce, capped at 8 MiB; None: the whole table."""
+    """(column, value) of the rows captured in a CUDA graph; None: the whole table."""
 
 
 KERNELS = {
@@ -148,32 +148,81 @@ def moe_table(source: Source, kernel: str) -> pl.DataFrame:
     return _median_of_repeats(rows, ["dtype", "hidden_size", "inter_size", "topk", "num_experts", "num_tokens"])
 
 
-def collectives_table(source: Source, chosen: tuple[str, str] | None, nccl: Path) -> pl.DataFrame:
-    """All-reduce as the stack runs it; message_size counts 16-bit elements in both files."""
+def collectives_table(source: Source, chosen: tuple[str, str] | None) -> pl.DataFrame:
+    """All-reduce as the stack runs it, at every size its collector measured; message_size counts
+    16-bit elements."""
     columns = {"op": pl.lit("all_reduce"), "num_gpus": pl.col("num_gpus"),
                "message_bytes": pl.col("message_size") * BF16, "latency": pl.col("latency") * MS}
     own = pl.read_parquet(source.path).filter(pl.col("allreduce_dtype") == "bfloat16")
     if chosen is None:
         return _median_of_repeats(own.select(**columns), ["op", "num_gpus", "message_bytes"])
     column, value = chosen
-    custom = own.filter(pl.col(column) == value).select(**columns).filter(
-        pl.col("message_bytes") <= CUSTOM_ALLREDUCE_MAX_BYTES)
-    above = (pl.read_parquet(nccl).filter((pl.col("op_name") == "all_reduce") & (pl.col("nccl_dtype") == "half"))
-             .select(**columns).filter(pl.col("message_bytes") > CUSTOM_ALLREDUCE_MAX_BYTES))
-    return _median_of_repeats(pl.concat([custom, above]), ["op", "num_gpus", "message_bytes"])
+    captured = own.filter(pl.col(column) == value).select(**columns)
+    return _median_of_repeats(captured, ["op", "num_gpus", "message_bytes"])
+
+
+SAME_FABRIC = {"h200_sxm": "h100_sxm"}
+"""A GPU whose NCCL measurements hold no all-reduce -> one on the same NVLink 4 / NVSwitch board
+whose do: the H200's reduce-scatter, all-gather and all-to-all latencies are within 0-3% of the
+H100's (median per GPU count, messages from 512 KiB; tests/test_kernel_db.py)."""
+
+
+def _nccl_ops(nccl: Path) -> pl.DataFrame:
+    """(op_name, num_gpus, message_size, latency ms) of a file's fp16 NCCL rows, repeats merged."""
+    rows = pl.read_parquet(nccl).filter(pl.col("nccl_dtype") == "half").select(
+        "op_name", "num_gpus", "message_size", "latency")
+    return _median_of_repeats(rows, ["op_name", "num_gpus", "message_size"])
+
+
+def nccl_all_reduce(nccl: Path) -> tuple[pl.DataFrame, Path | None]:
+    """NCCL's fp16 all-reduce as (num_gpus, message_size, latency ms), and the file it was derived
+    from if `nccl` measured none: then its same-fabric GPU's all-reduce (`SAME_FABRIC`) times, at
+    each GPU count and size both files measured, the ratio of this GPU's reduce-scatter +
+    all-gather to that GPU's, the two halves of a ring all-reduce. The ratio measures what differs
+    between the two GPUs' collectives; the all-reduce's own algorithm (faster than the two halves
+    on the H100, 0.75-0.96 of their sum) is taken as measured on the other."""
+    ops = _nccl_ops(nccl)
+    measured = ops.filter(pl.col("op_name") == "all_reduce").drop("op_name")
+    twin = nccl.parent.parent / SAME_FABRIC.get(nccl.parent.name, "") / nccl.name
+    if measured.height or nccl.parent.name not in SAME_FABRIC or not twin.is_file():
+        return measured, None
+    other = _nccl_ops(twin)
+
+    def halves(frame: pl.DataFrame) -> pl.DataFrame:
+        return (frame.filter(pl.col("op_name").is_in(["reduce_scatter", "all_gather"]))
+                .group_by("num_gpus", "message_size").agg(pl.col("latency").sum(), pl.len().alias("parts"))
+                .filter(pl.col("parts") == 2).drop("parts"))
+
+    derived = (other.filter(pl.col("op_name") == "all_reduce").drop("op_name")
+               .join(halves(ops), on=["num_gpus", "message_size"], suffix="_here")
+               .join(halves(other), on=["num_gpus", "message_size"], suffix="_there")
+               .select("num_gpus", "message_size",
+                       latency=pl.col("latency") * pl.col("latency_here") / pl.col("latency_there")))
+    return derived.sort("num_gpus", "message_size"), twin
 
 
 def nccl_table(nccl: Path) -> pl.DataFrame:
     """NCCL's all-reduce (fp16) at every message size, as a server without its custom all-reduce
-    runs every one; message_size counts 16-bit elements."""
-    rows = (pl.read_parquet(nccl).filter((pl.col("op_name") == "all_reduce") & (pl.col("nccl_dtype") == "half"))
-            .select(op=pl.lit("all_reduce"), num_gpus=pl.col("num_gpus"), message_bytes=pl.col("message_size") * BF16,
-                    latency=pl.col("latency") * MS))
-    return _median_of_repeats(rows, ["op", "num_gpus", "message_bytes"])
+    runs every one (`nccl_all_reduce`: measured, or derived for a GPU whose file has none);
+    message_size counts 16-bit elements."""
+    rows, _ = nccl_all_reduce(nccl)
+    return rows.select(op=pl.lit("all_reduce"), num_gpus=pl.col("num_gpus"),
+                       message_bytes=pl.col("message_size") * BF16, latency=pl.col("latency") * MS)
 
 
-NCCL_FAMILY = ("measured: {path}, NCCL all-reduce (half) at every size (vLLM 0.14 data): a server whose custom "
-               "all-reduce is off (--disable-custom-all-reduce)")
+def nccl_said(nccl: Path) -> str:
+    """Where `nccl_table`'s rows come from, for profile.json's families."""
+    _, twin = nccl_all_reduce(nccl)
+    here = f"{nccl.parent.name}/{nccl.name}"
+    if twin is None:
+        return f"measured: {here}, NCCL all-reduce (half)"
+    return (f"derived: {twin.parent.name}/{twin.name}'s NCCL all-reduce (half) x {here}'s reduce-scatter + "
+            f"all-gather over {twin.parent.name}'s, per GPU count and size (calibration/kernel_db.py, "
+            "nccl_all_reduce; the file measures no all-reduce)")
+
+
+NCCL_FAMILY = ("{said} at every size (vLLM 0.14 data): a server whose custom all-reduce is off "
+               "(--disable-custom-all-reduce)")
 
 
 @dataclass(frozen=True)
@@ -216,11 +265,11 @@ def stack_tables(kernel_db: Path, gpu: str, stack: str, nccl: Path, version: str
     tables["moe"] = moe = moe_table(found["moe_perf"], kernels.moe)
     families["moe"] = (f"measured: {said('moe_perf')}, {kernels.moe}, balanced routing, no expert parallelism "
                        f"({moe.height} rows)")
-    tables["collectives"] = collectives_table(found["custom_allreduce_perf"], kernels.allreduce, nccl)
+    tables["collectives"] = collectives_table(found["custom_allreduce_perf"], kernels.allreduce)
     families["collectives"] = (f"measured: {said('custom_allreduce_perf')}, " + (
-        f"{kernels.allreduce[1]} up to 8 MiB, NCCL above ({nccl.parent.name}/{nccl.name}, vLLM 0.14 data)"
-        if kernels.allreduce else "every size"))
+        f"{kernels.allreduce[1]} at every size (the stack's tensor_model_parallel_all_reduce in a CUDA graph: its "
+        "custom all-reduce, symmetric memory or NCCL by size)" if kernels.allreduce else "every size"))
     tables["collectives_nccl"] = nccl_table(nccl)
-    families["collectives_nccl"] = NCCL_FAMILY.format(path=f"{nccl.parent.name}/{nccl.name}")
+    families["collectives_nccl"] = NCCL_FAMILY.format(said=nccl_said(nccl))
     device = str(pl.read_parquet(found["gemm_perf"].path, n_rows=1)["device"][0])
     return StackTables(tables, families, {t: s.version for t, s in found.items()}, device)

@@ -91,16 +91,60 @@ def test_attention_moe_and_all_reduce_are_the_kernel_db_rows(stack: str) -> None
 
 
 @needs_db
-def test_large_all_reduces_are_nccl_for_vllm_and_sglang_and_trtllm_own_for_trtllm() -> None:
-    size = 2**25  # 64 MiB of bf16, past the custom all-reduce's 8 MiB
-    nccl = pl.read_parquet(NCCL / "h100_sxm" / "nccl_perf.parquet").filter(
-        (pl.col("op_name") == "all_reduce") & (pl.col("nccl_dtype") == "half") & (pl.col("num_gpus") == 8)
-        & (pl.col("message_size") == size))
-    trt = db("h100_sxm", "comm", "trtllm", "custom_allreduce_perf").filter(
-        (pl.col("num_gpus") == 8) & (pl.col("message_size") == size))
-    for stack, expected in (("vllm", nccl), ("sglang", nccl), ("trtllm", trt)):
-        table = load_profile(f"h100_sxm_{stack}").tables["collectives"]
+@pytest.mark.parametrize("gpu", ["h100_sxm", "h200_sxm"])
+def test_each_stacks_all_reduce_is_its_collectors_at_every_size(gpu: str) -> None:
+    # aiconfigurator's collector times the stack's own tensor_model_parallel_all_reduce in a CUDA
+    # graph, which picks custom all-reduce, symmetric memory or NCCL by size as a server does: its rows
+    # at 64 MiB (past the custom all-reduce's 8 MiB) are what the profile holds, not NCCL's elsewhere.
+    size = 2**25  # 16-bit elements
+    for stack, captured in (("vllm", "vllm_graph"), ("sglang", "sglang_graph"), ("trtllm", None)):
+        rows = db(gpu, "comm", stack, "custom_allreduce_perf")
+        if captured is not None:
+            rows = rows.filter(pl.col("backend") == captured)
+        expected = rows.filter((pl.col("num_gpus") == 8) & (pl.col("message_size") == size)
+                               & (pl.col("allreduce_dtype") == "bfloat16"))
+        table = load_profile(f"{gpu}_{stack}").tables["collectives"]
         assert latency(table, num_gpus=8, message_bytes=2 * size) == pytest.approx(expected["latency"].median() * 1e-3)
+
+
+def nccl_rows(gpu: str, op: str, num_gpus: int) -> pl.DataFrame:
+    return (pl.read_parquet(NCCL / gpu / "nccl_perf.parquet")
+            .filter((pl.col("op_name") == op) & (pl.col("nccl_dtype") == "half") & (pl.col("num_gpus") == num_gpus))
+            .group_by("message_size").agg(pl.col("latency").median()).sort("message_size"))
+
+
+@needs_db
+def test_the_h200s_nccl_all_reduce_is_the_h100s_scaled_by_their_measured_halves() -> None:
+    # The H200's NCCL file measures reduce-scatter, all-gather and all-to-all but no all-reduce. The
+    # premise: the two boards' collectives agree (same NVLink 4 / NVSwitch generation) ...
+    for op in ("reduce_scatter", "all_gather"):
+        for n in (2, 4, 8):
+            both = nccl_rows("h100_sxm", op, n).join(nccl_rows("h200_sxm", op, n), on="message_size", suffix="_h200")
+            ratio = (both["latency_h200"] / both["latency"]).filter(both["message_size"] >= 2**18)
+            assert 0.97 < float(ratio.median()) < 1.05, (op, n)
+    # ... and on the H100 NCCL's all-reduce is never slower than its two halves run one after the other.
+    for n in (2, 4, 8):
+        h100 = (nccl_rows("h100_sxm", "all_reduce", n)
+                .join(nccl_rows("h100_sxm", "reduce_scatter", n), on="message_size", suffix="_rs")
+                .join(nccl_rows("h100_sxm", "all_gather", n), on="message_size", suffix="_ag"))
+        assert (h100["latency"] <= h100["latency_rs"] + h100["latency_ag"]).all()
+    # By hand at 8 GPUs and 32 MiB (16 Mi fp16 elements): H100 all-reduce x H200 halves / H100 halves.
+    size = 2**24
+
+    def at(gpu: str, op: str) -> float:
+        rows = nccl_rows(gpu, op, 8).filter(pl.col("message_size") == size)
+        return float(rows["latency"][0]) * 1e-3
+
+    expected = at("h100_sxm", "all_reduce") * (at("h200_sxm", "reduce_scatter") + at("h200_sxm", "all_gather")) / (
+        at("h100_sxm", "reduce_scatter") + at("h100_sxm", "all_gather"))
+    assert latency(load_profile("h200_sxm").tables["collectives"], num_gpus=8, message_bytes=2 * size) == (
+        pytest.approx(expected, rel=1e-9))  # the base profile's: vLLM 0.14's custom all-reduce to 8 MiB, NCCL above
+    for profile in ("h200_sxm", "h200_sxm_vllm", "h200_sxm_sglang", "h200_sxm_trtllm"):  # with it off, every size
+        table = load_profile(profile).tables["collectives_nccl"]
+        assert latency(table, num_gpus=8, message_bytes=2 * size) == pytest.approx(expected, rel=1e-9)
+        assert set(table["num_gpus"]) == {2, 4, 8}
+        assert "derived" in json.loads((load_profile(profile).path / "profile.json").read_text())["families"][
+            "collectives_nccl"]
 
 
 @needs_db
