@@ -27,7 +27,15 @@ MS, US = 1e-3, 1e-6
 PROFILES_DIR = Path(__file__).resolve().parent / "profiles"
 KERNEL_DB = Path(__file__).resolve().parents[2] / "shared" / "reference" / "kernel-db"
 MLA_STACK = {"vllm": "sglang", "sglang": "sglang", "trtllm": "trtllm"}
-"""Whose per-kernel MLA measurements each stack's profile takes (vLLM's are whole modules)."""
+"""Whose per-kernel MLA decode measurements each stack's profile takes (vLLM's are whole modules)."""
+MLA_PREFILL_STACK = {"vllm": "trtllm", "sglang": "trtllm", "trtllm": "trtllm"}
+"""Whose per-kernel MLA prefill measurements each stack's profile takes: TensorRT-LLM's. SGLang
+0.5.14's context_mla rows, the only other per-kernel ones, take longer than the whole MLA module
+(its attention and its projections) as three collectors measured it, vLLM 0.19's, TensorRT-LLM's
+and SGLang 0.5.10's wide-EP one: up to 3x longer from 8,192-token prompts (128 heads, 16,384
+tokens on the H200: 62.8 ms against modules of 20.6-26.3 ms). A part cannot take longer than the
+whole, so those rows do not time the kernel a server runs; TensorRT-LLM's stay under every module
+measurement (tests/test_new_models.py)."""
 INT4_STACK = {"vllm": "sglang", "sglang": "sglang"}
 """Whose int4 fused-MoE rows each stack's profile takes: Marlin's (`sglang_marlin_moe`). vLLM
 serves a compressed-tensors int4 checkpoint (Kimi-K2.5's) on Hopper with its Marlin MoE kernel
@@ -69,13 +77,14 @@ def mla_tables(kernel_db: Path, gpu: str, stack: str) -> dict[str, tuple[pl.Data
             dtype="kv_cache_dtype", batch_size="batch_size",
             context=pl.col("isl") + pl.col("step"), num_heads="num_heads", latency=pl.col("latency") * MS)
             .sort("dtype", "num_heads", "batch_size", "context"), f"{source} {decode[1]}")
-    prefill = _latest(kernel_db / gpu / "mla" / source, "context_mla_perf.parquet")
+    prefill_source = MLA_PREFILL_STACK[stack]
+    prefill = _latest(kernel_db / gpu / "mla" / prefill_source, "context_mla_perf.parquet")
     if prefill is not None:
         rows = pl.read_parquet(prefill[0]).filter((pl.col("mla_dtype") == "bfloat16") & (pl.col("step") == 0))
         tables["mla_prefill_attention"] = (rows.select(
             dtype="kv_cache_dtype", batch_size="batch_size", new_tokens="isl", context="isl", num_heads="num_heads",
             latency=pl.col("latency") * MS).sort("dtype", "num_heads", "batch_size", "new_tokens"),
-            f"{source} {prefill[1]}")
+            f"{prefill_source} {prefill[1]}")
     return tables
 
 
