@@ -153,18 +153,16 @@ def collectives_table(source: Source, chosen: tuple[str, str] | None) -> pl.Data
     16-bit elements."""
     columns = {"op": pl.lit("all_reduce"), "num_gpus": pl.col("num_gpus"),
                "message_bytes": pl.col("message_size") * BF16, "latency": pl.col("latency") * MS}
-    own = pl.read_parquet(source.path).filter(pl.col("allreduce_dtype") == "bfloat16")
-    if chosen is None:
-        return _median_of_repeats(own.select(**columns), ["op", "num_gpus", "message_bytes"])
-    column, value = chosen
-    captured = own.filter(pl.col(column) == value).select(**columns)
-    return _median_of_repeats(captured, ["op", "num_gpus", "message_bytes"])
+    rows = pl.read_parquet(source.path).filter(pl.col("allreduce_dtype") == "bfloat16")
+    if chosen is not None:
+        rows = rows.filter(pl.col(chosen[0]) == chosen[1])
+    return _median_of_repeats(rows.select(**columns), ["op", "num_gpus", "message_bytes"])
 
 
 SAME_FABRIC = {"h200_sxm": "h100_sxm"}
 """A GPU whose NCCL measurements hold no all-reduce -> one on the same NVLink 4 / NVSwitch board
 whose do: the H200's reduce-scatter, all-gather and all-to-all latencies are within 0-3% of the
-H100's (median per GPU count, messages from 512 KiB; tests/test_kernel_db.py)."""
+H100's (median per GPU count, messages from 512 KiB; tests/test_backends.py)."""
 
 
 def _nccl_ops(nccl: Path) -> pl.DataFrame:

@@ -21,9 +21,9 @@ if TYPE_CHECKING:
 
 
 def all_reduce_table(profile: Profile, disable_custom_all_reduce: bool = False) -> pl.DataFrame:
-    """The profile's all-reduce measurements as a server runs them: its stack's (custom all-reduce
-    where it has one, NCCL above its size limit), or, with the custom all-reduce off, NCCL's at every
-    size (`collectives_nccl`)."""
+    """The profile's all-reduce measurements as a server runs them: its stack's (custom all-reduce,
+    symmetric memory or NCCL as the stack picks by size; calibration/README.md), or, with the custom
+    all-reduce off, NCCL's at every size (`collectives_nccl`)."""
     if not disable_custom_all_reduce:
         return profile.tables["collectives"]
     if "collectives_nccl" not in profile.tables:
