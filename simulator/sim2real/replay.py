@@ -55,6 +55,23 @@ class Replay:
     end: int | None = None
     """One past the last measured request's id (None: the last request's)."""
 
+    def ttft_at(self, token: int) -> np.ndarray:
+        """Each measured request's time from its send to its output token `token` (0-based; its last
+        where it has fewer) reaching the client, seconds. It is the TTFT of a client that counts a
+        response only when it carries text (aiperf drops a streamed chunk with neither content nor
+        reasoning), for a model whose first `token` output tokens carry none; 0 gives `ttft`."""
+        if token == 0:
+            return self.ttft
+        first = self.warmup
+        end = self.end if self.end is not None else len(self.result.requests.arrival)
+        wanted = np.minimum(token, np.maximum(self.result.requests.output_tokens[first:end] - 1, 0))
+        ids = pl.col("request_id")
+        tokens = (tokens_table(self.result.log).filter((ids >= first) & (ids < end))
+                  .join(pl.DataFrame({"request_id": np.arange(first, end), "index": wanted}),
+                        on=["request_id", "index"]).sort("request_id"))
+        assert len(tokens) == end - first, "every measured request emits the token asked for"
+        return tokens["time"].to_numpy() - self.result.requests.arrival[first:end]
+
     def itl(self) -> np.ndarray:
         """Every gap between consecutive tokens of the measured requests, pooled (seconds)."""
         ids = pl.col("request_id")

@@ -71,12 +71,24 @@ class Hypothesis:
     `simulator.deploy.backends`; `bench`: aiconfigurator's benchmark templates, budget max batch +
     isl + 1500), the client's prompt pool (aiperf's `--num-dataset-entries`; None: every prompt its
     own), whether a server's levels ran back to back (`sweep`) or each alone, cold, and whether its
-    all-reduces were NCCL's (`disable_custom_all_reduce`: the custom all-reduce off)."""
+    all-reduces were NCCL's (`disable_custom_all_reduce`: the custom all-reduce off), and whether
+    the requests' output lengths spread around the row's (`output_spread`, below)."""
 
     scheduler: str = "vllm-default"
     num_dataset_entries: int | None = None
     sweep: bool = False
     disable_custom_all_reduce: bool = False
+    output_spread: float = 0.0
+    """Each request's output length drawn uniformly within +-`output_spread` of the row's (a
+    fraction; seeded, rounded, at least 2 tokens); 0: every request exactly the row's, as aiperf
+    sends them (`--osl-stddev 0`, `ignore_eos`). With exact lengths a closed loop of clients that
+    start together stays in lockstep (`simulator.sim2real.replay`); a spread is the smallest change
+    that lets it come apart, to test whether the measured servers' clients did (they need not have
+    had a spread of their own: docs/validation/stack-fidelity.md)."""
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.output_spread < 1:
+            raise ValueError(f"output_spread {self.output_spread!r}: a fraction in [0, 1)")
 
     def scheduler_for(self, unit: Unit) -> Scheduler:
         first = unit.points[0]
@@ -94,8 +106,21 @@ class Hypothesis:
         """Every point rerun on `gpu` as this hypothesis says, each with its Replay."""
         pairs: list[tuple[MeasuredPoint, Replay]] = []
         for unit in sweep_units(points, self.sweep):
-            pairs += zip(unit.points, rerun_unit(unit, gpu, seed, self.scheduler_for(unit)), strict=True)
+            sent = Unit(tuple(spread_outputs(p, self.output_spread, seed) for p in unit.points))
+            pairs += zip(unit.points, rerun_unit(sent, gpu, seed, self.scheduler_for(unit)), strict=True)
         return pairs
+
+
+def spread_outputs(point: MeasuredPoint, spread: float, seed: int = 0) -> MeasuredPoint:
+    """`point` with each request's own output length (warm-up first) drawn uniformly within
+    +-`spread` of its fixed one (`Hypothesis.output_spread`); `point` itself when `spread` is 0 or it
+    already lists each request's lengths."""
+    if spread == 0 or len(point.output_lens) != 1:
+        return point
+    total = point.warmup + point.num_requests
+    draws = np.random.default_rng([seed, total, point.output_lens[0]]).uniform(-spread, spread, total)
+    lengths = np.maximum(2, np.rint(point.output_lens[0] * (1 + draws))).astype(np.int64)
+    return replace(point, output_lens=tuple(int(n) for n in lengths))
 
 
 SUPPORTED = {"vllm": Hypothesis("bench"), "sglang": Hypothesis("stock", disable_custom_all_reduce=True),
