@@ -73,11 +73,13 @@ VARIANTS = {
     "supported-2x20": Variant(Hypothesis("per-stack"), 2, 20),
     "supported-desync": Variant(Hypothesis("per-stack", output_spread=DESYNC_SPREAD)),
     "supported-desync-text3": Variant(Hypothesis("per-stack", output_spread=DESYNC_SPREAD), text_token=3),
+    "supported-text3": Variant(Hypothesis("per-stack"), text_token=3),
 }
 """`supported`: each stack under the hypothesis its fitted rows support (`sweeps.SUPPORTED`);
 `supported-desync`: the same with output lengths spread, so the closed loop can leave lockstep;
 `-text3`: and the TTFT counted at the fourth output token, as aiperf counts it for a model whose
-first three carry no text (gpt-oss's harmony header, `<|channel|>analysis<|message|>`)."""
+first three carry no text (gpt-oss's harmony header, `<|channel|>analysis<|message|>`);
+`supported-text3`: that count with the clients in lockstep."""
 
 
 def studied_rows(path: Path, models: tuple[str, ...] = STUDIED) -> list[MeasuredPoint]:
