@@ -74,12 +74,14 @@ VARIANTS = {
     "supported-desync": Variant(Hypothesis("per-stack", output_spread=DESYNC_SPREAD)),
     "supported-desync-text3": Variant(Hypothesis("per-stack", output_spread=DESYNC_SPREAD), text_token=3),
     "supported-text3": Variant(Hypothesis("per-stack"), text_token=3),
+    "supported-pool": Variant(Hypothesis("per-stack", AIPERF_ENTRIES)),
 }
 """`supported`: each stack under the hypothesis its fitted rows support (`sweeps.SUPPORTED`);
 `supported-desync`: the same with output lengths spread, so the closed loop can leave lockstep;
 `-text3`: and the TTFT counted at the fourth output token, as aiperf counts it for a model whose
 first three carry no text (gpt-oss's harmony header, `<|channel|>analysis<|message|>`);
-`supported-text3`: that count with the clients in lockstep."""
+`supported-text3`: that count with the clients in lockstep; `supported-pool`: each stack's rule
+with aiperf's default pool of 100 prompts, so repeats hit the prefix cache."""
 
 
 def studied_rows(path: Path, models: tuple[str, ...] = STUDIED) -> list[MeasuredPoint]:
@@ -99,7 +101,8 @@ def rerun_rows(job: tuple[Unit, str, Variant, str]) -> list[dict[str, Any]]:
     rows = []
     hypothesis = variant.hypothesis
     if hypothesis.scheduler == "per-stack":
-        hypothesis = replace(SUPPORTED[points[0].backend], output_spread=hypothesis.output_spread)
+        hypothesis = replace(SUPPORTED[points[0].backend], output_spread=hypothesis.output_spread,
+                             num_dataset_entries=hypothesis.num_dataset_entries)
     for point, run in hypothesis.rerun(points, profile):
         simulated = {"ttft_mean": float(np.mean(run.ttft_at(variant.text_token))),
                      "tpot_mean": float(np.nanmean(run.tpot))}
