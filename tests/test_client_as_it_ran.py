@@ -149,3 +149,5 @@ def test_the_ttft_counted_at_a_later_token_adds_its_decode_steps() -> None:
     assert run.ttft_at(0) is run.ttft
     assert run.ttft_at(3).tolist() == [4.0, 2.0]
     assert run.ttft_at(1).tolist() == [2.0, 2.0]
+    with pytest.raises(ValueError, match="token -1"):
+        run.ttft_at(-1)

@@ -60,6 +60,8 @@ class Replay:
         where it has fewer) reaching the client, seconds. It is the TTFT of a client that counts a
         response only when it carries text (aiperf drops a streamed chunk with neither content nor
         reasoning), for a model whose first `token` output tokens carry none; 0 gives `ttft`."""
+        if token < 0:
+            raise ValueError(f"token {token}: an output token's index is >= 0")
         if token == 0:
             return self.ttft
         first = self.warmup
