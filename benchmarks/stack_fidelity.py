@@ -158,6 +158,7 @@ def main() -> None:
               f"{pct(False, 'tpot_mean'):>10}{pct(True, 'tpot_mean'):>10}")
     print_groups(rows)
     print_stalls(rows)
+    print_gaps(rows)
 
 
 def stalls(rows: pl.DataFrame) -> pl.DataFrame:
@@ -184,6 +185,25 @@ def print_stalls(rows: pl.DataFrame) -> None:
     for r in table.iter_rows(named=True):
         print(f"{r['variant']:<24}{r['backend']:<8}{r['model']:<14}{r['gpu']:<10}{r['concurrency']:>8}"
               f"{r['measured'] * 1e3:>10.2f}{r['simulated'] * 1e3:>10.2f}")
+
+
+def gaps(rows: pl.DataFrame) -> pl.DataFrame:
+    """Per variant, stack, model, GPU and prompt length: the median over rows of measured less
+    simulated mean TTFT (seconds), and of the same in simulated TPOTs (decode steps)."""
+    key = ["variant", "backend", "model", "gpu", "input_len"]
+    wide = rows.pivot(on="statistic", index=["point", *key], values=["measured", "simulated"])
+    gap = pl.col("measured_ttft_mean") - pl.col("simulated_ttft_mean")
+    return (wide.group_by(key).agg(pl.len().alias("rows"), gap.median().alias("gap"),
+                                   (gap / pl.col("simulated_tpot_mean")).median().alias("steps"))
+            .sort(key))
+
+
+def print_gaps(rows: pl.DataFrame) -> None:
+    print("\nmeasured less simulated TTFT, median over rows: ms, and simulated decode steps (TPOTs)")
+    print(f"{'variant':<24}{'stack':<8}{'model':<14}{'gpu':<10}{'prompt':>8}{'rows':>6}{'ms':>10}{'steps':>8}")
+    for r in gaps(rows).iter_rows(named=True):
+        print(f"{r['variant']:<24}{r['backend']:<8}{r['model']:<14}{r['gpu']:<10}{r['input_len']:>8}{r['rows']:>6}"
+              f"{r['gap'] * 1e3:>10.1f}{r['steps']:>8.1f}")
 
 
 def print_groups(rows: pl.DataFrame) -> None:
