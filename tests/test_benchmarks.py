@@ -104,3 +104,22 @@ def test_the_parquet_benchmark_marks_the_way_a_run_folder_is_written(tmp_path: P
             assert chunk.compression == str(options.get("compression", "snappy")).upper(), (name, i)
             dictionary = any("DICTIONARY" in encoding for encoding in chunk.encodings)
             assert dictionary == options.get("use_dictionary", True), (name, chunk.encodings)
+
+
+def test_the_fidelity_benchmark_derives_the_prefill_stall_and_the_ttft_gap_by_hand() -> None:
+    from benchmarks.stack_fidelity import gaps, stalls
+
+    def row(point: str, isl: int, osl: int, statistic: str, measured: float, simulated: float) -> dict[str, object]:
+        return {"variant": "v", "backend": "vllm", "model": "m", "gpu": "g", "concurrency": 4, "point": point,
+                "input_len": isl, "output_len": osl, "statistic": statistic, "measured": measured,
+                "simulated": simulated}
+
+    rows = pl.DataFrame([row("a", 8192, 1024, "tpot_mean", 0.012, 0.011),
+                         row("a", 8192, 1024, "ttft_mean", 0.50, 0.40),
+                         row("b", 1024, 8192, "tpot_mean", 0.010, 0.0095),
+                         row("b", 1024, 8192, "ttft_mean", 0.15, 0.12)])
+    stall = stalls(rows).row(0, named=True)
+    assert np.isclose(stall["measured"], 0.002) and np.isclose(stall["simulated"], 0.0015)
+    gap = {r["input_len"]: r for r in gaps(rows).iter_rows(named=True)}
+    assert np.isclose(gap[8192]["gap"], 0.10) and np.isclose(gap[8192]["steps"], 0.10 / 0.011)
+    assert np.isclose(gap[1024]["gap"], 0.03) and np.isclose(gap[1024]["steps"], 0.03 / 0.0095)
