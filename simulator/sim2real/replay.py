@@ -55,6 +55,16 @@ class Replay:
     end: int | None = None
     """One past the last measured request's id (None: the last request's)."""
 
+    def measured_ids(self) -> range:
+        """The ids of the measured requests."""
+        return range(self.warmup, self.end if self.end is not None else len(self.result.requests.arrival))
+
+    def measured_tokens(self) -> pl.DataFrame:
+        """The tokens table's rows of the measured requests, by request and index."""
+        ids = self.measured_ids()
+        return (tokens_table(self.result.log).filter(pl.col("request_id").is_between(ids.start, ids.stop - 1))
+                .sort("request_id", "index"))
+
     def ttft_at(self, token: int) -> np.ndarray:
         """Each measured request's time from its send to its output token `token` (0-based; its last
         where it has fewer) reaching the client, seconds. It is the TTFT of a client that counts a
@@ -64,22 +74,17 @@ class Replay:
             raise ValueError(f"token {token}: an output token's index is >= 0")
         if token == 0:
             return self.ttft
-        first = self.warmup
-        end = self.end if self.end is not None else len(self.result.requests.arrival)
-        wanted = np.minimum(token, np.maximum(self.result.requests.output_tokens[first:end] - 1, 0))
-        ids = pl.col("request_id")
-        tokens = (tokens_table(self.result.log).filter((ids >= first) & (ids < end))
-                  .join(pl.DataFrame({"request_id": np.arange(first, end), "index": wanted}),
-                        on=["request_id", "index"]).sort("request_id"))
-        assert len(tokens) == end - first, "every measured request emits the token asked for"
-        return tokens["time"].to_numpy() - self.result.requests.arrival[first:end]
+        ids = self.measured_ids()
+        reqs = self.result.requests
+        wanted = np.minimum(token, np.maximum(reqs.output_tokens[ids.start:ids.stop] - 1, 0))
+        tokens = self.measured_tokens().join(pl.DataFrame({"request_id": np.asarray(ids), "index": wanted}),
+                                             on=["request_id", "index"]).sort("request_id")
+        assert len(tokens) == len(ids), "every measured request emits the token asked for"
+        return tokens["time"].to_numpy() - reqs.arrival[ids.start:ids.stop]
 
     def itl(self) -> np.ndarray:
         """Every gap between consecutive tokens of the measured requests, pooled (seconds)."""
-        ids = pl.col("request_id")
-        kept = (ids >= self.warmup) & (ids < self.end) if self.end is not None else ids >= self.warmup
-        tokens = tokens_table(self.result.log).filter(kept).sort("request_id", "index")
-        gaps = tokens.select(gap=pl.col("time").diff(), same=pl.col("request_id").diff() == 0)
+        gaps = self.measured_tokens().select(gap=pl.col("time").diff(), same=pl.col("request_id").diff() == 0)
         return gaps.filter(pl.col("same"))["gap"].to_numpy()
 
 
