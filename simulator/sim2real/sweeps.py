@@ -102,11 +102,15 @@ class Hypothesis:
                                      self.num_dataset_entries)
         return replace(scheduler, disable_custom_all_reduce=self.disable_custom_all_reduce)
 
+    def sent(self, point: MeasuredPoint, seed: int = 0) -> MeasuredPoint:
+        """`point` as its client sent it under this hypothesis (its output lengths spread, if so)."""
+        return spread_outputs(point, self.output_spread, seed)
+
     def rerun(self, points: list[MeasuredPoint], gpu: str, seed: int = 0) -> list[tuple[MeasuredPoint, Replay]]:
         """Every point rerun on `gpu` as this hypothesis says, each with its Replay."""
         pairs: list[tuple[MeasuredPoint, Replay]] = []
         for unit in sweep_units(points, self.sweep):
-            sent = Unit(tuple(spread_outputs(p, self.output_spread, seed) for p in unit.points))
+            sent = Unit(tuple(self.sent(p, seed) for p in unit.points))
             pairs += zip(unit.points, rerun_unit(sent, gpu, seed, self.scheduler_for(unit)), strict=True)
         return pairs
 

@@ -22,7 +22,7 @@ from typing import Any
 from simulator.errors import InputError
 from simulator.sim2real.compare import DEFAULT_SCHEDULER, Scheduler, compare_point, default_profile
 from simulator.sim2real.points import MeasuredPoint
-from simulator.sim2real.sweeps import Hypothesis, spread_outputs
+from simulator.sim2real.sweeps import Hypothesis
 from simulator.sim2real.sweeps import Unit as Sweep
 from simulator.sweep.executors import in_workers
 
@@ -76,7 +76,7 @@ def run_unit(index: int, unit: Unit, profiles: dict[str, str], seed: int, schedu
         for point in unit:
             try:
                 profile = profiles.get(point.gpu) or default_profile(point.gpu, point.backend)
-                sent = spread_outputs(point, rule.output_spread, seed) if rule is not None else point
+                sent = rule.sent(point, seed) if rule is not None else point
                 result.rows += compare_point(sent, profile, seed, point_scheduler(point, scheduler, rule))
             except InputError as exc:
                 result.skipped.append((point.name, str(exc)))
