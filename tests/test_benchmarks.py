@@ -11,6 +11,7 @@ from helpers import needs_azure
 
 from benchmarks.engine_speed import AZURE, run_one, tiled_trace
 from benchmarks.fleet_speed import one as fleet_run
+from benchmarks.stack_fidelity import gaps, stalls
 from workloads import read_trace
 
 
@@ -107,8 +108,6 @@ def test_the_parquet_benchmark_marks_the_way_a_run_folder_is_written(tmp_path: P
 
 
 def test_the_fidelity_benchmark_derives_the_prefill_stall_and_the_ttft_gap_by_hand() -> None:
-    from benchmarks.stack_fidelity import gaps, stalls
-
     def row(point: str, isl: int, osl: int, statistic: str, measured: float, simulated: float) -> dict[str, object]:
         return {"variant": "v", "backend": "vllm", "model": "m", "gpu": "g", "concurrency": 4, "point": point,
                 "input_len": isl, "output_len": osl, "statistic": statistic, "measured": measured,
