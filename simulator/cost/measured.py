@@ -19,7 +19,7 @@ import polars as pl
 from simulator.cost.contract import StepShape
 from simulator.cost.curves import BatchCurves, Curve
 from simulator.cost.gemm import GemmTable, attention_rows
-from simulator.cost.model_tables import AllToAll, mla_curves, moe_quant_curve
+from simulator.cost.model_tables import AllToAll, mla_curves, moe_curves
 from simulator.cost.moe import MoeTable
 from simulator.cost.operators import elementwise_ops, gemm_weight_bytes
 from simulator.cost.parallel import AllReduce, all_reduce_table
@@ -138,24 +138,7 @@ def build_tables(model: ModelSpec, profile: Profile, tensor_parallel_size: int =
         elementwise.append((Curve.from_points(f"elementwise {op}", rows["bytes"].to_list(), rows["latency"].to_list()),
                             per_seq, count, unit_bytes))
 
-    moe = moe_table = None
-    if rank.is_moe and (rank.expert_dtype is not None or rank.expert_parallel > 1):
-        expert_rates = rates if rank.expert_dtype is None else (rank.expert_weight_bytes, gpu.mem_bw, gpu.gemm_flops)
-        found = moe_quant_curve(profile, rank, expert_rates, notes)
-        if found is None:
-            notes.append(f"routed experts ({rank.expert_dtype or rank.weight_dtype or rank.dtype}"
-                         + (f", spread over {rank.expert_parallel} GPUs" if rank.expert_parallel > 1 else "")
-                         + "): priced by roofline (no such fused-MoE rows in the profile)")
-        else:
-            moe, moe_table = found
-    elif rank.is_moe:
-        dtype = rank.weight_dtype or rank.dtype
-        frame = _table(profile, "moe", "mixture-of-experts").filter(pl.col("dtype") == dtype)
-        if frame.height == 0:
-            raise InputError(f"profile {profile.meta['name']!r} has no {dtype} MoE measurements: use --cost roofline")
-        moe_table = MoeTable(frame, act, rates)
-        moe = moe_table.curve("moe experts", (rank.hidden_size, rank.moe_intermediate_size, rank.num_experts_per_tok,
-                                              rank.num_experts), notes)
+    moe, moe_table = moe_curves(profile, model, rank, tensor_parallel_size, rates, notes)
     all_to_all = None
     if data_parallel_size > 1 and rank.expert_parallel > 1 and "all_to_all" in profile.tables:
         all_to_all = AllToAll(profile.tables["all_to_all"], rank, notes)

@@ -1,7 +1,9 @@
 """The measured tables of issue 25's models, made into interpolators when a profile has them
 (`calibration/kernel_db_models.py` writes them): MLA attention kernels, fused MoE of 4-bit or
 expert-parallel experts, and DeepEP's dispatch and combine. Each is optional: without it, or
-without rows for the model's shape, the operator is priced by roofline and `notes` says so.
+without rows for the model's shape, the operator is priced by roofline and `notes` says so. Also
+which fused-MoE curve a GPU's experts take (`moe_curves`), tensor-parallel splits finer than any
+measured included (`finer_split_curve`).
 """
 
 from __future__ import annotations
@@ -11,12 +13,14 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
 import polars as pl
 
 from simulator.cost.curves import BatchCurves, Curve
 from simulator.cost.moe import MoeTable
 from simulator.deploy.hardware import Profile
 from simulator.deploy.spec import ModelSpec
+from simulator.errors import InputError
 
 
 @dataclass(frozen=True)
@@ -72,6 +76,101 @@ def moe_quant_curve(profile: Profile, rank: ModelSpec, rates: tuple[float, float
     moe = MoeTable(frame, rank.dtype_bytes / ep, (rates[0] / ep, rates[1], rates[2] * ep))
     shape = (rank.hidden_size, rank.moe_intermediate_size, rank.num_experts_per_tok, rank.num_experts)
     return moe.curve(f"moe experts ({dtype}, expert parallel {ep})", shape, notes), moe
+
+
+def moe_curves(profile: Profile, model: ModelSpec, rank: ModelSpec, tensor_parallel_size: int,
+               rates: tuple[float, float, float], notes: list[str]) -> tuple[Curve | None, MoeTable | None]:
+    """The fused-MoE curve of one GPU's experts (`rank`, the shard of `model`) and the table whose
+    roofline extrapolates it; (None, None) where only the roofline can price them (noted). `rates`:
+    (bytes per weight, bandwidth, FLOP/s) of the linear layers' weights."""
+    if not rank.is_moe:
+        return None, None
+    if rank.expert_dtype is not None or rank.expert_parallel > 1:
+        gpu = profile.gpu
+        expert_rates = rates if rank.expert_dtype is None else (rank.expert_weight_bytes, gpu.mem_bw, gpu.gemm_flops)
+        finer = finer_split_curve(profile, model, tensor_parallel_size, rank, "moe_quant", expert_rates, notes)
+        if finer is not None:
+            return finer
+        found = moe_quant_curve(profile, rank, expert_rates, notes)
+        if found is None:
+            notes.append(f"routed experts ({rank.expert_dtype or rank.weight_dtype or rank.dtype}"
+                         + (f", spread over {rank.expert_parallel} GPUs" if rank.expert_parallel > 1 else "")
+                         + "): priced by roofline (no such fused-MoE rows in the profile)")
+            return None, None
+        return found
+    dtype = rank.weight_dtype or rank.dtype
+    if "moe" not in profile.tables:
+        raise InputError(f"profile {profile.meta['name']!r} has no mixture-of-experts measurements (moe.parquet): "
+                         "use --cost roofline")
+    if profile.tables["moe"].filter(pl.col("dtype") == dtype).height == 0:
+        raise InputError(f"profile {profile.meta['name']!r} has no {dtype} MoE measurements: use --cost roofline")
+    finer = finer_split_curve(profile, model, tensor_parallel_size, rank, "moe", rates, notes)
+    if finer is not None:
+        return finer
+    table = MoeTable(profile.tables["moe"].filter(pl.col("dtype") == dtype), rank.dtype_bytes, rates)
+    shape = (rank.hidden_size, rank.moe_intermediate_size, rank.num_experts_per_tok, rank.num_experts)
+    return table.curve("moe experts", shape, notes), table
+
+
+def finer_split_curve(profile: Profile, model: ModelSpec, ways: int, rank: ModelSpec, family: str,
+                      rates: tuple[float, float, float], notes: list[str]) -> tuple[Curve, MoeTable] | None:
+    """Experts split `ways` (N) ways by tensor parallelism, finer than the profile measured any split
+    of their family (hidden size, top-k, experts), priced as the measured kernel that does the same
+    share of the experts' weights and FLOPs on each GPU: the whole experts spread over N GPUs (expert
+    parallel N, its own rows in `moe_quant`), times the N-way split's time over the expert-parallel
+    one at the finest split measured both ways (1 at one way: the whole experts on one GPU, the same
+    kernel). Where the tables measure both, the split kernel's time follows the expert-parallel one:
+    scaling the finest measured split down by its roofline, as an off-grid shape otherwise is, leaves
+    out the kernel's fixed time and comes out short (docs/validation/stack-fidelity.md). None where
+    the split is measured, lies within the measured ones, or the profile lacks those expert-parallel
+    rows; `family`: the table of `rank`'s split experts (`moe`, or `moe_quant` for 4-bit experts), `rates`
+    as `MoeTable` takes them (its roofline extrapolates the curve beyond the measured tokens)."""
+    if ways < 2 or rank.expert_parallel > 1 or "moe_quant" not in profile.tables or family not in profile.tables:
+        return None
+    dtype = rank.expert_dtype or rank.weight_dtype or rank.dtype
+    hidden, inter, top_k, experts = (model.hidden_size, model.moe_intermediate_size, model.num_experts_per_tok,
+                                     model.num_experts)
+    rows = profile.tables[family].filter(pl.col("dtype") == dtype)
+    if "expert_parallel" in rows.columns:
+        rows = rows.filter(pl.col("expert_parallel") == 1)
+    if rows.height == 0:
+        return None
+    split = MoeTable(rows, rank.dtype_bytes, rates)
+    measured = [s[1] for s in split.series if (s[0], s[2], s[3]) == (hidden, top_k, experts)]
+    if not measured or inter // ways >= min(measured):
+        return None
+    whole = (hidden, inter, top_k, experts)
+
+    one = split.series.get(whole)
+
+    def spread(gpus: int) -> tuple[np.ndarray, np.ndarray] | None:
+        """The expert-parallel rows over `gpus`, if they spread the work: at the most tokens measured
+        they take nearer 1/gpus of the whole experts' time on one GPU than all of it (rows that
+        took as long did not spread the experts; kernel-db's vLLM mxfp4 ones, for one)."""
+        frame = profile.tables["moe_quant"].filter((pl.col("dtype") == dtype) & (pl.col("expert_parallel") == gpus))
+        found = MoeTable(frame, rank.dtype_bytes, rates).series.get(whole) if frame.height else None
+        if found is None or one is None:
+            return found
+        most = min(found[0][-1], one[0][-1])
+        spreads = np.interp(most, *found) < np.interp(most, *one) * (1 + 1 / gpus) / 2
+        return found if spreads else None
+
+    target = spread(ways)
+    if target is None or experts % ways:
+        return None
+    tokens, times = target
+    ratio, at = np.ones_like(times), 1
+    for finer in sorted((w for w in range(2, ways) if ways % w == 0 and inter % w == 0), reverse=True):
+        measured_split, spread_finer = split.series.get((hidden, inter // finer, top_k, experts)), spread(finer)
+        if measured_split is not None and spread_finer is not None:
+            ratio = np.interp(tokens, *measured_split) / np.interp(tokens, *spread_finer)
+            at = finer
+            break
+    name = f"moe experts ({dtype}, split {ways} ways)"
+    notes.append(f"{name}: finer than the measured splits (intermediate {min(measured)} and up): the "
+                 f"expert-parallel {ways} kernel of the whole experts, times the split / expert-parallel time at "
+                 f"{at} way{'s' if at > 1 else ''}")
+    return Curve(name, tuple(tokens.tolist()), tuple((times * ratio).tolist())), split
 
 
 DEEPEP_GPUS = 8
