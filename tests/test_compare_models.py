@@ -24,7 +24,7 @@ from simulator.run.sizing import gpu_shard
 from simulator.sim2real.compare import Scheduler, default_profile, point_config, point_workload
 from simulator.sim2real.measured import read_measured
 from simulator.sim2real.points import Reading
-from simulator.sim2real.silicon import SQUARED_ID, unsquared
+from simulator.sim2real.silicon import NAMES_TP, SQUARED_ID, unsquared
 
 pytestmark = needs_upstream
 NEW = ("deepseek-ai/DeepSeek-R1", "deepseek-ai/DeepSeek-V3", "moonshotai/Kimi-K2.5", "openai/gpt-oss-120b",
@@ -123,9 +123,13 @@ def test_block_fp8_of_a_16bit_checkpoint_is_block_fp8_weights(tmp_path: Path) ->
     ("x_agg_1024x1024_c256_tp8_ep8_2011", (1, 64, 8, 8, 4), (1, 8, 1, 8, 32)),
     ("x_agg_8192x1024_c16_tp4_ep4_926", (16, 1, 4, 4, 16), (4, 1, 1, 4, 16)),
     ("x_agg_1024x1024_c32_tp4_ep4_1342", (4, 4, 1, 16, 8), (4, 1, 1, 4, 32)),
-    # Consistent rows stay as they are: 4 GPUs of MoE TP 2 x EP 2, and an id that does not name them.
+    # An id that names no parallelism: the squared columns alone.
+    ("dsr1_h200_trtllm_fp8_agg_1024x1024_c64_cfg181", (64, 1, 8, 8, 64), (8, 1, 1, 8, 64)),
+    ("dsr1_h200_trtllm_fp8_agg_8192x1024_c64_cfg183", (1, 64, 8, 8, 1), (1, 8, 1, 8, 8)),
+    # Consistent rows stay as they are: 4 GPUs of MoE TP 2 x EP 2 (named, or not), TP 8 of MoE TP 8.
     ("x_agg_1024x1024_c8_tp4_ep2_1", (4, 1, 2, 2, 8), (4, 1, 2, 2, 8)),
-    ("dsr1_h200_trtllm_fp8_agg_1024x1024_c64_cfg181", (64, 1, 8, 8, 64), (64, 1, 8, 8, 64)),
+    ("x_agg_4000x1000_c320_tp4_ep2", (4, 1, 2, 2, 80), (4, 1, 2, 2, 80)),
+    ("dsr1_h200_trtllm_fp8_agg_1024x1024_c4_cfg83", (8, 1, 8, 1, 4), (8, 1, 8, 1, 4)),
 ])
 def test_a_squared_worker_is_read_as_the_deployment_its_id_names(row_id: str, given: tuple[int, ...],
                                                                  meant: tuple[int, ...]) -> None:
@@ -188,6 +192,32 @@ def test_a_repaired_row_is_the_deployment_its_remeasurement_in_the_earlier_file_
     assert len(ratios) >= 60
     assert statistics.median(abs(x - 1) for x in ratios) < 0.01
     assert sum(abs(x - 1) < 0.05 for x in ratios) >= 0.9 * len(ratios)
+
+
+@needs_upstream
+def test_squared_rows_whose_ids_name_nothing_decode_as_the_same_stacks_n_gpu_rows() -> None:
+    # DeepSeek-V3 on TensorRT-LLM (ids `..._cfg181`) says tp_size 64 with MoE TP 8 x EP 8 and names
+    # no parallelism; the same stack's rows of the same model, GPU, lengths and clients on 8 GPUs
+    # (TP 8) measured the same TPOTs, where a 64-GPU server would decode several times faster.
+    with UPSTREAM.open() as file:
+        table = [r for r in csv.DictReader(file) if r["mode"] == "agg" and "silicon_concurrency=" in
+                 r["silicon_data_source"]]
+
+    def gpus(r: dict[str, str]) -> int:
+        return int(r["tp_size"] or 1) * int(r["attention_dp_size"] or 1)
+
+    def key(r: dict[str, str]) -> tuple[str, ...]:
+        noted = r["silicon_data_source"].split("silicon_concurrency=")[1].split(";")[0]
+        return r["model_path"], r["system"], r["backend"], r["isl"], r["osl"], noted
+
+    eight = defaultdict(list)
+    for r in table:
+        if gpus(r) == 8:
+            eight[key(r)].append(float(r["silicon_tpot_ms"]))
+    ratios = [float(r["silicon_tpot_ms"]) / tpot for r in table
+              if gpus(r) == 64 and not NAMES_TP.search(r["id"]) for tpot in eight[key(r)]]
+    assert len(ratios) >= 12
+    assert all(abs(x - 1) < 0.05 for x in ratios), ratios
 
 
 def test_a_disaggregated_row_without_workers_is_one_prefill_and_one_decode_worker(tmp_path: Path) -> None:

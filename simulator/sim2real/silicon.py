@@ -18,8 +18,8 @@ What is inferred where a row is short or inconsistent (docs/guides/measured-resu
 - a disaggregated row that gives each pool's parallelism and `silicon_concurrency` but no worker
   counts nor batch sizes (DeepSeek-R1's Dynamo rows) is one prefill and one decode worker, the
   smallest deployment of the pools it states;
-- an aggregated row whose id names `tpN_epN` but whose columns say N x N GPUs is the N-GPU
-  deployment (`unsquared`);
+- an aggregated row whose id names `tpN_epN` (or no parallelism at all) but whose columns say N x N
+  GPUs is the N-GPU deployment (`unsquared`);
 - a 4-bit quant mode on a checkpoint whose routed experts are 4-bit is the checkpoint's own weights.
 """
 
@@ -73,6 +73,7 @@ FOUR_BIT = ("nvfp4", "mxfp4", "fp4", "int4", "int4_wo", "w4a16", "w4a16_mxfp4")
 FOUR_BIT_EXPERTS = ("mxfp4", "int4")
 """A checkpoint's own 4-bit expert dtypes (`ModelSpec.expert_dtype`)."""
 SQUARED_ID = re.compile(r"_tp([0-9]+)(?:_0)?_ep([0-9]+)(?:_0)?_[0-9]+$")
+NAMES_TP = re.compile(r"_tp[0-9]+")
 
 
 def csv_rows(path: Path) -> tuple[list[str], list[tuple[str, dict[str, str]]]]:
@@ -255,9 +256,14 @@ def unsquared(row_id: str, tp: int, adp: int, moe_tp: int | None, moe_ep: int, b
     the same measurement's row in the earlier source file says: tp_size N**2 and moe_tp_size N was
     tp_size N; attention_dp_size N**2 and moe_tp_size N was attention_dp_size N (batch_size per
     rank N times larger); tp_size = attention_dp_size = N and moe_ep_size N**2 was tp_size N (the
-    batch per rank N times larger), each with moe_tp_size 1 and moe_ep_size N."""
+    batch per rank N times larger), each with moe_tp_size 1 and moe_ep_size N. An id that names no
+    parallelism at all (DeepSeek-V3's TensorRT-LLM rows, `..._c64_cfg181`) with the first two
+    signatures (moe_tp_size = moe_ep_size = N) is read so too: their TPOTs are those of the same
+    stack's 8-GPU rows of the same lengths and clients (docs/guides/measured-results.md)."""
     named = SQUARED_ID.search(row_id)
     n = int(named.group(1)) if named and named.group(1) == named.group(2) else 0
+    if not NAMES_TP.search(row_id) and moe_tp == moe_ep:
+        n = moe_ep
     if n < 2 or tp * adp != n * n or (moe_tp or 1) * moe_ep != n * n:
         return tp, adp, moe_tp, moe_ep, batch
     if (tp, adp, moe_tp) == (n * n, 1, n):
