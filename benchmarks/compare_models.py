@@ -5,7 +5,8 @@ disaggregated DeepSeek rows of the reference table (`../shared/reference/serving
 aiconfigurator_silicon_h100_h200.csv`), as `simulate compare` does, and prints per model, stack and
 mode: rows, rows rerun, the median |error| of mean TPOT and mean TTFT, and every skip's reason. The
 disaggregated rows whose workers the table does not give (rerun as one prefill and one decode worker,
-`simulator.sim2real.silicon`) are reported apart, as `disagg-1p1d`. Each row reruns on the scheduler
+`simulator.sim2real.silicon`; unless a row of the same measurement gives them) are reported apart, as
+`disagg-1p1d`. Each row reruns on the scheduler
 `simulate compare` gives a silicon row of its stack by default (`--client supported`:
 `simulator.sim2real.sweeps.SUPPORTED`), or on `--scheduler`'s hypothesis for every stack (`stock`,
 `bench`, `vllm-default`: `simulator.sim2real.sweeps.Hypothesis`). `--speculative METHOD:K:ACCEPTANCE`
@@ -27,7 +28,7 @@ import polars as pl
 
 from simulator.deploy.resolve import ModelResolver
 from simulator.sim2real.compare import ROW_SCHEMA, Scheduler
-from simulator.sim2real.silicon import read_silicon_csv
+from simulator.sim2real.silicon import read_silicon_csv, with_twins
 from simulator.sim2real.sweeps import SCHEDULERS, SUPPORTED, Hypothesis
 from simulator.sim2real.units import run_units, units_of
 
@@ -51,15 +52,16 @@ def selected_rows(table: Path, models: frozenset[str] = frozenset(NEW_MODELS.val
     by_id, by_place = {}, {}
     with table.open(newline="") as handle:
         reader = csv.DictReader(handle)
-        for row in reader:
-            model = NEW_MODELS.get(row["model_path"].strip())
-            if model not in models or (row["mode"] == "disagg" and not model.startswith("deepseek")) \
-                    or row["mode"] not in modes:
-                continue
-            mode = row["mode"]
-            if mode == "disagg" and not row["prefill_num_workers"].strip():
-                mode = "disagg-1p1d"
-            by_id[row["id"]] = by_place[f"{table.name} line {reader.line_num}"] = (model, row["backend"], mode)
+        placed = [(f"{table.name} line {reader.line_num}", row) for row in reader]
+    for place, row in with_twins(placed):  # a row that takes its twin's workers is not rerun 1p1d
+        model = NEW_MODELS.get(row["model_path"].strip())
+        if model not in models or (row["mode"] == "disagg" and not model.startswith("deepseek")) \
+                or row["mode"] not in modes:
+            continue
+        mode = row["mode"]
+        if mode == "disagg" and not row["prefill_num_workers"].strip():
+            mode = "disagg-1p1d"
+        by_id[row["id"]] = by_place[place] = (model, row["backend"], mode)
     return by_id, by_place
 
 

@@ -24,7 +24,7 @@ from simulator.run.sizing import gpu_shard
 from simulator.sim2real.compare import Scheduler, default_profile, point_config, point_workload
 from simulator.sim2real.measured import read_measured
 from simulator.sim2real.points import Reading
-from simulator.sim2real.silicon import NAMES_TP, SQUARED_ID, unsquared
+from simulator.sim2real.silicon import NAMES_TP, SQUARED_ID, TWIN_KEY, unsquared
 
 pytestmark = needs_upstream
 NEW = ("deepseek-ai/DeepSeek-R1", "deepseek-ai/DeepSeek-V3", "moonshotai/Kimi-K2.5", "openai/gpt-oss-120b",
@@ -237,6 +237,47 @@ def test_a_disaggregated_row_without_workers_is_one_prefill_and_one_decode_worke
     assert config.prefill_enable_expert_parallel and config.decode_enable_expert_parallel
     # Without its concurrency either, nothing says how many clients ran: skipped.
     assert "without prefill_num_workers nor its concurrency" in reading.skipped[0][1]
+
+
+def test_a_disaggregated_row_without_workers_takes_those_of_its_twin(tmp_path: Path) -> None:
+    # The same measurement (GPU, stack, lengths, TTFT and TPOT cell for cell) given again with its
+    # pools: 2 prefill workers of TP 8, 3 decode workers of 8 attention-DP ranks of batch 4 (96
+    # clients). A row whose TPOT differs in its last digit is another measurement: 1 and 1.
+    bare = DISAGG | {"model_path": "deepseek-ai/DeepSeek-R1", "backend": "trtllm", "system": "h200_sxm",
+                     "precision": "fp8", "gemm_quant_mode": "fp8", "moe_quant_mode": "fp8",
+                     "silicon_data_source": "silicon_concurrency=96", "silicon_ttft_ms": "875.5077142391302",
+                     "silicon_tpot_ms": "16.264664318900248", "prefill_batch_size": "", "prefill_num_workers": "",
+                     "prefill_tp_size": "8", "prefill_moe_tp_size": "1", "prefill_moe_ep_size": "8",
+                     "decode_batch_size": "", "decode_num_workers": "", "decode_tp_size": "8",
+                     "decode_moe_tp_size": "1", "decode_moe_ep_size": "8"}
+    twin = bare | {"id": "d2", "model_path": "deepseek-ai/DeepSeek-V3", "silicon_data_source": "",
+                   "prefill_batch_size": "1", "prefill_num_workers": "2", "decode_batch_size": "4",
+                   "decode_num_workers": "3", "decode_tp_size": "1", "decode_attention_dp_size": "8"}
+    other = bare | {"id": "d3", "silicon_tpot_ms": "16.264664318900249"}
+    points = {p.name: p for p in read(tmp_path, bare, twin, other).points}
+    config = point_config(points["d1"], "h200_sxm")
+    assert points["d1"].concurrency == 96
+    assert (config.prefill_replicas, config.prefill_tensor_parallel_size) == (2, 8)
+    assert (config.decode_replicas, config.decode_tensor_parallel_size, config.decode_data_parallel_size) == (3, 1, 8)
+    alone = point_config(points["d3"], "h200_sxm")
+    assert (alone.prefill_replicas, alone.decode_replicas) == (1, 1)
+
+
+def test_every_twin_in_the_table_ran_the_clients_its_bare_row_notes() -> None:
+    # A twin's decode batch x workers x attention-DP ranks is the bare row's silicon_concurrency.
+    with UPSTREAM.open() as file:
+        table = [r for r in csv.DictReader(file) if r["mode"] == "disagg"]
+    given = {tuple(r[c] for c in TWIN_KEY): r for r in table if r["decode_num_workers"].strip()}
+    checked = 0
+    for r in table:
+        twin = given.get(tuple(r[c] for c in TWIN_KEY))
+        if r["decode_num_workers"].strip() or twin is None:
+            continue
+        noted = int(r["silicon_data_source"].split("silicon_concurrency=")[1].split(";")[0])
+        assert noted == (int(twin["decode_batch_size"]) * int(twin["decode_num_workers"])
+                         * int(twin["decode_attention_dp_size"] or 1)), r["id"]
+        checked += 1
+    assert checked >= 40
 
 
 def test_a_disaggregated_pool_with_data_parallel_attention_is_one_server_per_rank(tmp_path: Path) -> None:

@@ -16,8 +16,10 @@ clients: `concurrency` warm-up requests, then 10 x `concurrency` measured.
 
 What is inferred where a row is short or inconsistent (docs/guides/measured-results.md says why):
 - a disaggregated row that gives each pool's parallelism and `silicon_concurrency` but no worker
-  counts nor batch sizes (DeepSeek-R1's Dynamo rows) is one prefill and one decode worker, the
-  smallest deployment of the pools it states;
+  counts nor batch sizes (DeepSeek-R1's Dynamo rows) takes the pools of a row that records the
+  same measurement (GPU, stack, lengths, TTFT and TPOT cell for cell) and gives them (`with_twins`);
+  without one it is one prefill and one decode worker, the smallest deployment of the pools it
+  states;
 - an aggregated row whose id names `tpN_epN` (or no parallelism at all) but whose columns say N x N
   GPUs is the N-GPU deployment (`unsquared`);
 - a 4-bit quant mode on a checkpoint whose routed experts are 4-bit is the checkpoint's own weights.
@@ -116,12 +118,40 @@ def read_silicon_csv(path: Path, resolver: ModelResolver) -> Reading:
     if not rows:
         raise InputError(f"{str(path)!r} has no rows")
     reading = Reading()
-    for where, row in rows:
+    for where, row in with_twins(rows):
         try:
             reading.points.append(silicon_point(row, where, resolver, layout))
         except Unmappable as skip:
             reading.skipped.append((where, skip.reason))
     return reading
+
+
+TWIN_KEY = ("system", "backend", "isl", "osl", "silicon_ttft_ms", "silicon_tpot_ms")
+"""What makes two rows one measurement: the same GPU, stack and lengths, and the same TTFT and TPOT
+to the last digit written (the upstream table holds some runs twice, from two source files)."""
+
+
+def with_twins(rows: list[tuple[str, dict[str, str]]]) -> list[tuple[str, dict[str, str]]]:
+    """The rows, each disaggregated one without worker counts given the pools (every `prefill_*` and
+    `decode_*` cell) of a row that records the same measurement and gives its workers. In the
+    reference table 48 of DeepSeek-R1's 248 such rows have one, labelled DeepSeek-V3 with `dsr1`
+    ids, whose decode batch x workers x attention-DP ranks is the first row's `silicon_concurrency`
+    in every case (`tests/test_compare_models.py`)."""
+    def workers(row: dict[str, str]) -> bool:
+        return all(row.get(f"{role}_num_workers", "").strip() for role in ("prefill", "decode"))
+
+    def key(row: dict[str, str]) -> tuple[str, ...] | None:
+        cells = tuple(row.get(name, "").strip() for name in TWIN_KEY)
+        return cells if all(cells) and row.get("mode", "").strip() == "disagg" else None
+
+    given = {key(row): row for _, row in rows if key(row) is not None and workers(row)}
+    twinned = []
+    for where, row in rows:
+        twin = given.get(key(row)) if key(row) is not None and not workers(row) else None
+        if twin is not None:
+            row = row | {name: cell for name, cell in twin.items() if name.startswith(("prefill_", "decode_"))}
+        twinned.append((where, row))
+    return twinned
 
 
 def expert_parallel_modelled() -> bool:
