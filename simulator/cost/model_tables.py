@@ -140,7 +140,6 @@ def finer_split_curve(profile: Profile, model: ModelSpec, ways: int, rank: Model
     if not measured or inter // ways >= min(measured):
         return None
     whole = (hidden, inter, top_k, experts)
-
     one = split.series.get(whole)
 
     def spread(gpus: int) -> tuple[np.ndarray, np.ndarray] | None:
