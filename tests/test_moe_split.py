@@ -20,8 +20,9 @@ import pytest
 
 from simulator.cost import MoeTable
 from simulator.cost.model_tables import finer_split_curve
-from simulator.deploy.hardware import load_profile
+from simulator.deploy.hardware import Profile, load_profile
 from simulator.deploy.model import QWEN3_30B_A3B
+from simulator.deploy.spec import ModelSpec
 
 KERNEL_DB = Path(__file__).resolve().parents[2] / "shared" / "reference" / "kernel-db"
 needs_kernel_db = pytest.mark.skipif(not KERNEL_DB.exists(), reason=f"reference data missing: {KERNEL_DB}")
@@ -31,7 +32,7 @@ TOKENS = [4, 8]  # from E / k = 4 tokens on, balanced and uniform routing read e
 RATES = (2.0, 1e12, 1e15)
 
 
-def tiny(expert_parallel_four: list[float]) -> tuple[object, object]:
+def tiny(expert_parallel_four: list[float]) -> tuple[Profile, ModelSpec]:
     """A profile whose experts (64 x 32, top-2 of 8) were measured whole (1, 2 ms at 4, 8 tokens),
     split two ways (0.6, 1.1 ms), and whole over 2 GPUs (0.8, 1.0) and over 4 (as given)."""
     profile = load_profile("h200_sxm")
@@ -43,14 +44,18 @@ def tiny(expert_parallel_four: list[float]) -> tuple[object, object]:
     return replace(profile, tables={**profile.tables, "moe": split, "moe_quant": spread}), model
 
 
+def split_table(profile: Profile) -> MoeTable:
+    """The tiny profile's table of split experts, as `moe_curves` builds it."""
+    return MoeTable(profile.tables["moe"], 2, RATES)
+
+
 def test_a_four_way_split_is_the_four_gpu_spread_times_the_two_way_ratio() -> None:
     """Four ways, finer than the measured two: the four-GPU spread (0.5, 0.7 ms) times the two-way
     split over the two-GPU spread (0.6 / 0.8, 1.1 / 1.0): 0.375 and 0.77 ms."""
     profile, model = tiny([0.5, 0.7])
     notes: list[str] = []
-    found = finer_split_curve(profile, model, 4, replace(model, moe_intermediate_size=8), "moe", RATES, notes)
-    assert found is not None
-    curve, _ = found
+    curve = finer_split_curve(profile, model, 4, replace(model, moe_intermediate_size=8), split_table(profile), notes)
+    assert curve is not None
     assert curve.xs == (4.0, 8.0)
     assert curve.ys == pytest.approx((0.5 * 0.6 / 0.8, 0.7 * 1.1 / 1.0))
     assert "expert-parallel 4 kernel" in notes[0] and "at 2 ways" in notes[0]
@@ -59,10 +64,11 @@ def test_a_four_way_split_is_the_four_gpu_spread_times_the_two_way_ratio() -> No
 def test_measured_splits_and_spreads_that_do_not_spread_are_left_alone() -> None:
     profile, model = tiny([0.5, 0.7])
     two_ways = replace(model, moe_intermediate_size=16)
-    assert finer_split_curve(profile, model, 2, two_ways, "moe", RATES, []) is None  # measured itself
+    assert finer_split_curve(profile, model, 2, two_ways, split_table(profile), []) is None  # measured itself
     # Four GPUs that took as long as one (2 ms at 8 tokens, not nearer 0.5 than 2): no stand-in.
     profile, model = tiny([1.0, 2.0])
-    assert finer_split_curve(profile, model, 4, replace(model, moe_intermediate_size=8), "moe", RATES, []) is None
+    four_ways = replace(model, moe_intermediate_size=8)
+    assert finer_split_curve(profile, model, 4, four_ways, split_table(profile), []) is None
 
 
 def whole_shapes(gpu: str, stack: str) -> list[tuple[str, int, int, int, int]]:
@@ -95,15 +101,15 @@ def held_out_errors(gpu: str, stack: str) -> tuple[list[float], list[float]]:
             model = replace(QWEN3_30B_A3B, hidden_size=hidden, moe_intermediate_size=inter, num_experts_per_tok=top_k,
                             num_experts=experts, weight_dtype=None if dtype == "bfloat16" else dtype)
             rank = replace(model, moe_intermediate_size=inter // ways)
-            reduced = replace(profile, tables={**profile.tables, "moe": kept})
-            found = finer_split_curve(reduced, model, ways, rank, "moe", RATES, [])
+            table = MoeTable(kept.filter(pl.col("dtype") == dtype), 2, RATES)
+            found = finer_split_curve(profile, model, ways, rank, table, [])
             if found is None:
                 continue
             shape = (hidden, inter // ways, top_k, experts)
             tokens, truth = MoeTable(held, 2, RATES).series[shape]
-            old = MoeTable(kept.filter(pl.col("dtype") == dtype), 2, RATES).curve("edge", shape, [])
+            old = table.curve("edge", shape, [])
             for x, t in zip(tokens.tolist(), truth.tolist(), strict=True):
-                stand_in.append(abs(found[0].at(x, lambda _: 0.0, Counter()) / t - 1))
+                stand_in.append(abs(found.at(x, lambda _: 0.0, Counter()) / t - 1))
                 edge.append(abs(old.at(x, lambda _: 0.0, Counter()) / t - 1))
     return stand_in, edge
 

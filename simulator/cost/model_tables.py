@@ -60,12 +60,11 @@ def mla_curves(profile: Profile, rank: ModelSpec, notes: list[str]) -> MlaCurves
                      BatchCurves.from_frame("MLA prefill attention", prefill_rows, "pairs"), prefill_scale)
 
 
-def moe_quant_curve(profile: Profile, rank: ModelSpec, rates: tuple[float, float, float],
-                    notes: list[str]) -> tuple[Curve, MoeTable] | None:
-    """Fused-MoE times over the tokens entering the layer for 4-bit or expert-parallel experts, or
-    None when the profile has no rows of that dtype and expert parallelism. `rates`: (bytes per
-    weight, bandwidth, FLOP/s) of one GPU's experts, which under expert parallelism over E GPUs does
-    1/E of the work (the table's roofline is scaled so)."""
+def moe_quant_table(profile: Profile, rank: ModelSpec, rates: tuple[float, float, float]) -> MoeTable | None:
+    """The fused-MoE rows of 4-bit or expert-parallel experts of `rank`'s dtype and expert
+    parallelism, or None when the profile has none. `rates`: (bytes per weight, bandwidth, FLOP/s) of
+    one GPU's experts, which under expert parallelism over E GPUs does 1/E of the work (the table's
+    roofline is scaled so)."""
     dtype = rank.expert_dtype or rank.weight_dtype or rank.dtype
     table = profile.tables.get("moe_quant")
     frame = None if table is None else table.filter((pl.col("dtype") == dtype)
@@ -73,47 +72,46 @@ def moe_quant_curve(profile: Profile, rank: ModelSpec, rates: tuple[float, float
     if frame is None or frame.height == 0:
         return None
     ep = rank.expert_parallel
-    moe = MoeTable(frame, rank.dtype_bytes / ep, (rates[0] / ep, rates[1], rates[2] * ep))
-    shape = (rank.hidden_size, rank.moe_intermediate_size, rank.num_experts_per_tok, rank.num_experts)
-    return moe.curve(f"moe experts ({dtype}, expert parallel {ep})", shape, notes), moe
+    return MoeTable(frame, rank.dtype_bytes / ep, (rates[0] / ep, rates[1], rates[2] * ep))
 
 
 def moe_curves(profile: Profile, model: ModelSpec, rank: ModelSpec, tensor_parallel_size: int,
                rates: tuple[float, float, float], notes: list[str]) -> tuple[Curve | None, MoeTable | None]:
     """The fused-MoE curve of one GPU's experts (`rank`, the shard of `model`) and the table whose
     roofline extrapolates it; (None, None) where only the roofline can price them (noted). `rates`:
-    (bytes per weight, bandwidth, FLOP/s) of the linear layers' weights."""
+    (bytes per weight, bandwidth, FLOP/s) of the linear layers' weights. 4-bit and expert-parallel
+    experts take `moe_quant`'s rows, the others `moe`'s; a split finer than any measured,
+    `finer_split_curve`."""
     if not rank.is_moe:
         return None, None
+    dtype = rank.expert_dtype or rank.weight_dtype or rank.dtype
     if rank.expert_dtype is not None or rank.expert_parallel > 1:
         gpu = profile.gpu
         expert_rates = rates if rank.expert_dtype is None else (rank.expert_weight_bytes, gpu.mem_bw, gpu.gemm_flops)
-        finer = finer_split_curve(profile, model, tensor_parallel_size, rank, "moe_quant", expert_rates, notes)
-        if finer is not None:
-            return finer
-        found = moe_quant_curve(profile, rank, expert_rates, notes)
+        found = moe_quant_table(profile, rank, expert_rates)
         if found is None:
-            notes.append(f"routed experts ({rank.expert_dtype or rank.weight_dtype or rank.dtype}"
+            notes.append(f"routed experts ({dtype}"
                          + (f", spread over {rank.expert_parallel} GPUs" if rank.expert_parallel > 1 else "")
                          + "): priced by roofline (no such fused-MoE rows in the profile)")
             return None, None
-        return found
-    dtype = rank.weight_dtype or rank.dtype
-    if "moe" not in profile.tables:
-        raise InputError(f"profile {profile.meta['name']!r} has no mixture-of-experts measurements (moe.parquet): "
-                         "use --cost roofline")
-    if profile.tables["moe"].filter(pl.col("dtype") == dtype).height == 0:
-        raise InputError(f"profile {profile.meta['name']!r} has no {dtype} MoE measurements: use --cost roofline")
-    finer = finer_split_curve(profile, model, tensor_parallel_size, rank, "moe", rates, notes)
+        table, name = found, f"moe experts ({dtype}, expert parallel {rank.expert_parallel})"
+    else:
+        if "moe" not in profile.tables:
+            raise InputError(f"profile {profile.meta['name']!r} has no mixture-of-experts measurements "
+                             "(moe.parquet): use --cost roofline")
+        frame = profile.tables["moe"].filter(pl.col("dtype") == dtype)
+        if frame.height == 0:
+            raise InputError(f"profile {profile.meta['name']!r} has no {dtype} MoE measurements: use --cost roofline")
+        table, name = MoeTable(frame, rank.dtype_bytes, rates), "moe experts"
+    finer = finer_split_curve(profile, model, tensor_parallel_size, rank, table, notes)
     if finer is not None:
-        return finer
-    table = MoeTable(profile.tables["moe"].filter(pl.col("dtype") == dtype), rank.dtype_bytes, rates)
+        return finer, table
     shape = (rank.hidden_size, rank.moe_intermediate_size, rank.num_experts_per_tok, rank.num_experts)
-    return table.curve("moe experts", shape, notes), table
+    return table.curve(name, shape, notes), table
 
 
-def finer_split_curve(profile: Profile, model: ModelSpec, ways: int, rank: ModelSpec, family: str,
-                      rates: tuple[float, float, float], notes: list[str]) -> tuple[Curve, MoeTable] | None:
+def finer_split_curve(profile: Profile, model: ModelSpec, ways: int, rank: ModelSpec, split: MoeTable,
+                      notes: list[str]) -> Curve | None:
     """Experts split `ways` (N) ways by tensor parallelism, finer than the profile measured any split
     of their family (hidden size, top-k, experts), priced as the measured kernel that does the same
     share of the experts' weights and FLOPs on each GPU: the whole experts spread over N GPUs (expert
@@ -121,24 +119,17 @@ def finer_split_curve(profile: Profile, model: ModelSpec, ways: int, rank: Model
     one at the finest split measured both ways (1 at one way: the whole experts on one GPU, the same
     kernel). Where the tables measure both, the split kernel's time follows the expert-parallel one:
     scaling the finest measured split down by its roofline, as an off-grid shape otherwise is, leaves
-    out the kernel's fixed time and comes out short (docs/validation/stack-fidelity.md). None where
-    the split is measured, lies within the measured ones, or the profile lacks those expert-parallel
-    rows; `family`: the table of `rank`'s split experts (`moe`, or `moe_quant` for 4-bit experts), `rates`
-    as `MoeTable` takes them (its roofline extrapolates the curve beyond the measured tokens)."""
-    if ways < 2 or rank.expert_parallel > 1 or "moe_quant" not in profile.tables or family not in profile.tables:
-        return None
-    dtype = rank.expert_dtype or rank.weight_dtype or rank.dtype
+    out the kernel's fixed time and comes out short (docs/validation/stack-fidelity.md). `split`: the
+    table of `rank`'s split experts (`moe_curves` builds it). None where the split is measured, lies
+    within the measured ones, or the profile lacks those expert-parallel rows."""
     hidden, inter, top_k, experts = (model.hidden_size, model.moe_intermediate_size, model.num_experts_per_tok,
                                      model.num_experts)
-    rows = profile.tables[family].filter(pl.col("dtype") == dtype)
-    if "expert_parallel" in rows.columns:
-        rows = rows.filter(pl.col("expert_parallel") == 1)
-    if rows.height == 0:
+    if ways < 2 or rank.expert_parallel > 1 or experts % ways or "moe_quant" not in profile.tables:
         return None
-    split = MoeTable(rows, rank.dtype_bytes, rates)
     measured = [s[1] for s in split.series if (s[0], s[2], s[3]) == (hidden, top_k, experts)]
     if not measured or inter // ways >= min(measured):
         return None
+    dtype = rank.expert_dtype or rank.weight_dtype or rank.dtype
     whole = (hidden, inter, top_k, experts)
     one = split.series.get(whole)
 
@@ -147,7 +138,8 @@ def finer_split_curve(profile: Profile, model: ModelSpec, ways: int, rank: Model
         they take nearer 1/gpus of the whole experts' time on one GPU than all of it (rows that
         took as long did not spread the experts; kernel-db's vLLM mxfp4 ones, for one)."""
         frame = profile.tables["moe_quant"].filter((pl.col("dtype") == dtype) & (pl.col("expert_parallel") == gpus))
-        found = MoeTable(frame, rank.dtype_bytes, rates).series.get(whole) if frame.height else None
+        rates = (split.weight_bytes, split.mem_bw, split.flops)
+        found = MoeTable(frame, split.dtype_bytes, rates).series.get(whole) if frame.height else None
         if found is None or one is None:
             return found
         most = min(found[0][-1], one[0][-1])
@@ -155,7 +147,7 @@ def finer_split_curve(profile: Profile, model: ModelSpec, ways: int, rank: Model
         return found if spreads else None
 
     target = spread(ways)
-    if target is None or experts % ways:
+    if target is None:
         return None
     tokens, times = target
     ratio, at = np.ones_like(times), 1
@@ -169,7 +161,7 @@ def finer_split_curve(profile: Profile, model: ModelSpec, ways: int, rank: Model
     notes.append(f"{name}: finer than the measured splits (intermediate {min(measured)} and up): the "
                  f"expert-parallel {ways} kernel of the whole experts, times the split / expert-parallel time at "
                  f"{at} way{'s' if at > 1 else ''}")
-    return Curve(name, tuple(tokens.tolist()), tuple((times * ratio).tolist())), split
+    return Curve(name, tuple(tokens.tolist()), tuple((times * ratio).tolist()))
 
 
 DEEPEP_GPUS = 8
