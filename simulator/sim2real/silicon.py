@@ -144,10 +144,11 @@ def with_twins(rows: list[tuple[str, dict[str, str]]]) -> list[tuple[str, dict[s
         cells = tuple(row.get(name, "").strip() for name in TWIN_KEY)
         return cells if all(cells) and row.get("mode", "").strip() == "disagg" else None
 
-    given = {key(row): row for _, row in rows if key(row) is not None and workers(row)}
+    given = {key(row): row for _, row in rows if workers(row)}
+    given.pop(None, None)  # rows that are not disaggregated or lack a key cell twin nothing
     twinned = []
     for where, row in rows:
-        twin = given.get(key(row)) if key(row) is not None and not workers(row) else None
+        twin = None if workers(row) else given.get(key(row))
         if twin is not None:
             row = row | {name: cell for name, cell in twin.items() if name.startswith(("prefill_", "decode_"))}
         twinned.append((where, row))
