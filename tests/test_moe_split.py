@@ -26,7 +26,7 @@ from simulator.deploy.spec import ModelSpec
 
 KERNEL_DB = Path(__file__).resolve().parents[2] / "shared" / "reference" / "kernel-db"
 needs_kernel_db = pytest.mark.skipif(not KERNEL_DB.exists(), reason=f"reference data missing: {KERNEL_DB}")
-DTYPES = {"bfloat16": "bfloat16", "fp8": "fp8", "fp8_block": "fp8_block"}
+DTYPES = ("bfloat16", "fp8", "fp8_block")
 SHAPE = {"hidden_size": 64, "topk": 2, "num_experts": 8}
 TOKENS = [4, 8]  # from E / k = 4 tokens on, balanced and uniform routing read every expert alike
 RATES = (2.0, 1e12, 1e15)
