@@ -163,10 +163,11 @@ def build(gpu: str, reference: Path, out: Path) -> None:
 def build_stack(gpu: str, stack: str, kernel_db: Path, reference: Path, out: Path) -> None:
     """`stack`'s profile on `gpu`: its kernel-database tables, the base profile's elementwise table
     and roofline constants (`build`), no host time (`simulate fit` adds what survives held-out)."""
-    found = stack_tables(kernel_db, gpu, stack, reference / gpu / "nccl_perf.parquet")
+    system = yaml.safe_load((reference / gpu / "system.yaml").read_text())["gpu"]
+    peaks = {"bfloat16": float(system["bfloat16_tc_flops"]), "fp8": float(system["fp8_tc_flops"])}
+    found = stack_tables(kernel_db, gpu, stack, reference / gpu / "nccl_perf.parquet", peaks)
     roofline = build_profile(gpu, reference)
     kernel_latency, mem_bw = float(roofline["kernel_latency"]), float(roofline["mem_bw"])  # type: ignore[arg-type]
-    system = yaml.safe_load((reference / gpu / "system.yaml").read_text())["gpu"]
     version = STACK_VERSIONS[stack]
     meta = {
         "format": FORMAT, "name": gpu, "device": found.device, "memory_bytes": int(system["mem_capacity"]),

@@ -29,7 +29,7 @@ afterwards by `calibration.kernel_db_models.write_profile_tables`.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -120,22 +120,74 @@ def gemm_table(source: Source, dtype: str, kernel: str) -> pl.DataFrame:
                               ).select("m", "n", "k", "latency")
 
 
-def attention_tables(context: Source, generation: Source, kernel: str, kv_dtype: str
-                     ) -> tuple[pl.DataFrame, pl.DataFrame]:
-    """Prefill (no cached prefix: new tokens = isl) and decode (one token over isl + step) attention."""
-    chosen = ((pl.col("kernel_source") == kernel) & (pl.col("window_size") == 0) & (pl.col("beam_width") == 1)
-              & (pl.col("attn_dtype") == "bfloat16") & (pl.col("kv_cache_dtype") == kv_dtype))
-    heads = [pl.col("num_heads"), pl.col("num_key_value_heads").alias("num_kv_heads"), pl.col("head_dim")]
-    prefill = pl.read_parquet(context.path).filter(chosen).select(
-        "batch_size", *heads, new_tokens=pl.col("isl"), context=pl.col("isl") + pl.col("step"),
-        latency=pl.col("latency") * MS)
-    decode = pl.read_parquet(generation.path).filter(chosen).select(
-        "batch_size", *heads, context=pl.col("isl") + pl.col("step"), latency=pl.col("latency") * MS)
-    prefill = _median_of_repeats(prefill, ["num_heads", "num_kv_heads", "head_dim", "batch_size", "new_tokens",
-                                           "context"])
-    decode = _median_of_repeats(decode, ["num_heads", "num_kv_heads", "head_dim", "batch_size", "context"])
-    return (prefill.select("batch_size", "num_heads", "num_kv_heads", "head_dim", "new_tokens", "context", "latency"),
-            decode.select("batch_size", "num_heads", "num_kv_heads", "head_dim", "context", "latency"))
+def _chosen(kernel: str, kv_dtype: str) -> pl.Expr:
+    return ((pl.col("kernel_source") == kernel) & (pl.col("window_size") == 0) & (pl.col("beam_width") == 1)
+            & (pl.col("attn_dtype") == "bfloat16") & (pl.col("kv_cache_dtype") == kv_dtype))
+
+
+HEADS = ("num_heads", "num_kv_heads", "head_dim")
+
+
+def prefill_table(context: Source, kernel: str, kv_dtype: str) -> pl.DataFrame:
+    """Prefill attention (no cached prefix: new tokens = isl), latency in seconds."""
+    rows = pl.read_parquet(context.path).filter(_chosen(kernel, kv_dtype)).select(
+        "batch_size", "num_heads", num_kv_heads="num_key_value_heads", head_dim="head_dim", new_tokens="isl",
+        context=pl.col("isl") + pl.col("step"), latency=pl.col("latency") * MS)
+    return _median_of_repeats(rows, [*HEADS, "batch_size", "new_tokens", "context"]).select(
+        "batch_size", *HEADS, "new_tokens", "context", "latency")
+
+
+def decode_table(generation: Source, kernel: str, kv_dtype: str) -> pl.DataFrame:
+    """Decode attention (one token over isl + step), latency in seconds."""
+    rows = pl.read_parquet(generation.path).filter(_chosen(kernel, kv_dtype)).select(
+        "batch_size", "num_heads", num_kv_heads="num_key_value_heads", head_dim="head_dim",
+        context=pl.col("isl") + pl.col("step"), latency=pl.col("latency") * MS)
+    return _median_of_repeats(rows, [*HEADS, "batch_size", "context"]).select(
+        "batch_size", *HEADS, "context", "latency")
+
+
+SAME_COMPUTE = {"h200_sxm": "h100_sxm", "h100_sxm": "h200_sxm"}
+"""GPUs of the same compute: the H100 SXM and H200 SXM are one GH100 (132 SMs, the same clocks,
+989 TFLOP/s bf16 dense on both datasheets) with different HBM. Prefill attention is compute-bound:
+SGLang's and TensorRT-LLM's measured H200 / H100 ratio over every shared shape from 1,024 tokens
+is 0.997 and 0.986 (median; 10th-90th percentile 0.92-1.13 and 0.93-1.02), so one GPU's measured
+prefill kernel stands in for the other's (`checked_prefill`)."""
+
+
+def causal_flops(frame: pl.DataFrame) -> pl.Series:
+    """The floating-point operations of prefill attention rows with no window: QK^T and PV over
+    the causal query-key pairs, 2 x 2 x head_dim each per query head."""
+    pairs = pl.col("new_tokens") * (pl.col("context") - pl.col("new_tokens") + (pl.col("new_tokens") + 1) / 2)
+    return frame.select(4.0 * pl.col("batch_size") * pl.col("num_heads") * pl.col("head_dim") * pairs).to_series()
+
+
+def over_peak(prefill: pl.DataFrame, peak_flops: float) -> int:
+    """Prefill attention rows (latency in seconds) faster than `peak_flops` allows: physically
+    impossible, a table measured wrong."""
+    if prefill.height == 0:
+        return 0
+    return int((causal_flops(prefill) / prefill["latency"] > peak_flops).sum())
+
+
+def checked_prefill(context: Source, stand_in: Callable[[], Source | None], kernel: str, kv_dtype: str,
+                    peak_flops: float) -> tuple[pl.DataFrame, Source, str | None]:
+    """`prefill_table(context, ...)`, unless any of its rows is faster than `peak_flops` allows
+    (`over_peak`): then the table of the source `stand_in()` gives (the same kernel on a GPU of the
+    same compute), which must hold no such row. Returns the table, its source, and what was wrong
+    with `context`'s own (None: nothing, its own table). Raises ValueError where nothing stands in."""
+    table = prefill_table(context, kernel, kv_dtype)
+    bad = over_peak(table, peak_flops)
+    if not bad:
+        return table, context, None
+    wrong = (f"{bad} of {table.height} {kv_dtype} KV rows faster than the GPU's {peak_flops / 1e12:.0f} TFLOP/s "
+             f"{kv_dtype} peak")
+    other = stand_in()
+    if other is None:
+        raise ValueError(f"{context.path}: {wrong}, and no GPU of the same compute has the table")
+    replacement = prefill_table(other, kernel, kv_dtype)
+    if over_peak(replacement, peak_flops):
+        raise ValueError(f"{context.path}: {wrong}, and so are rows of {other.path}")
+    return replacement, other, wrong
 
 
 def moe_table(source: Source, kernel: str) -> pl.DataFrame:
@@ -233,8 +285,13 @@ class StackTables:
     device: str
 
 
-def stack_tables(kernel_db: Path, gpu: str, stack: str, nccl: Path, version: str | None = None) -> StackTables:
-    """The profile tables of `stack` (at `version`, default its STACK_VERSIONS one) on `gpu`."""
+def stack_tables(kernel_db: Path, gpu: str, stack: str, nccl: Path, peak_flops: dict[str, float],
+                 version: str | None = None) -> StackTables:
+    """The profile tables of `stack` (at `version`, default its STACK_VERSIONS one) on `gpu`, whose
+    datasheet dense rate per dtype is `peak_flops` ("bfloat16", "fp8"). A prefill attention table
+    with any row faster than its KV dtype's rate allows (`over_peak`: over an fp8 cache a kernel may
+    compute in fp8) is not used: the same stack's from the GPU of the same compute (`SAME_COMPUTE`)
+    stands in, said so; with no such table to take, the build stops."""
     kernels, wanted = KERNELS[stack], version or STACK_VERSIONS[stack]
     found = {table: find_table(kernel_db, gpu, family, stack, table, wanted) for family, table in (
         ("gemm", "gemm_perf"), ("attention", "context_attention_perf"), ("attention", "generation_attention_perf"),
@@ -252,12 +309,24 @@ def stack_tables(kernel_db: Path, gpu: str, stack: str, nccl: Path, version: str
         tables["gemm" + suffix] = table = gemm_table(found["gemm_perf"], dtype, kernels.gemm[dtype])
         families["gemm" + suffix] = (f"measured: {said('gemm_perf')}, {kernels.gemm[dtype]} {dtype} "
                                      f"({table.height} shapes)")
+    twin = SAME_COMPUTE.get(gpu)
+
+    def stand_in() -> Source | None:
+        if twin is None:
+            return None
+        return find_table(kernel_db, twin, "attention", stack, "context_attention_perf", wanted)
+
     for suffix, kv in (("", "bfloat16"), ("_fp8", "fp8")):
-        prefill, decode = attention_tables(found["context_attention_perf"], found["generation_attention_perf"],
-                                           kernels.attention, kv)
+        prefill, source, wrong = checked_prefill(found["context_attention_perf"], stand_in, kernels.attention, kv,
+                                                 peak_flops[kv])
+        said_prefill = f"measured: {said('context_attention_perf')}" if wrong is None else (
+            f"measured on the {twin}: kernel-db/{twin}/attention/{stack}/{source.version}/"
+            f"context_attention_perf.parquet, the same compute (calibration/kernel_db.py, SAME_COMPUTE); {gpu}'s own "
+            f"table has {wrong}")
+        decode = decode_table(found["generation_attention_perf"], kernels.attention, kv)
         tables["prefill_attention" + suffix], tables["decode_attention" + suffix] = prefill, decode
-        families["prefill_attention" + suffix] = (f"measured: {said('context_attention_perf')}, {kernels.attention}, "
-                                                  f"{kv} KV ({prefill.height} shapes)")
+        families["prefill_attention" + suffix] = (f"{said_prefill}, {kernels.attention}, {kv} KV "
+                                                  f"({prefill.height} shapes)")
         families["decode_attention" + suffix] = (f"measured: {said('generation_attention_perf')}, {kernels.attention}, "
                                                  f"{kv} KV ({decode.height} shapes)")
     tables["moe"] = moe = moe_table(found["moe_perf"], kernels.moe)

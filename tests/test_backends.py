@@ -91,6 +91,24 @@ def test_attention_moe_and_all_reduce_are_the_kernel_db_rows(stack: str) -> None
 
 
 @needs_db
+def test_the_h200s_vllm_prefill_attention_is_the_h100s_because_its_own_is_faster_than_the_gpu() -> None:
+    """aiconfigurator's H200 vLLM context attention rows run up to hundreds of times the H200's
+    989 TFLOP/s; the profile takes the same kernel measured on the H100 (the same compute)."""
+    chosen = ((pl.col("kernel_source") == "vllm_flash_attn") & (pl.col("window_size") == 0)
+              & (pl.col("attn_dtype") == "bfloat16") & (pl.col("kv_cache_dtype") == "bfloat16")
+              & (pl.col("num_heads") == 64) & (pl.col("num_key_value_heads") == 8) & (pl.col("head_dim") == 128)
+              & (pl.col("batch_size") == 1) & (pl.col("isl") == 8192) & (pl.col("step") == 0))
+    flops = 4 * 64 * 128 * 8192 * 8193 / 2
+    h200 = db("h200_sxm", "attention", "vllm", "context_attention_perf").filter(chosen)["latency"].median() * 1e-3
+    h100 = db("h100_sxm", "attention", "vllm", "context_attention_perf").filter(chosen)["latency"].median() * 1e-3
+    assert flops / h200 > 989e12 > flops / h100
+    profile = load_profile("h200_sxm_vllm")
+    assert latency(profile.tables["prefill_attention"], batch_size=1, new_tokens=8192, context=8192, num_heads=64,
+                   num_kv_heads=8, head_dim=128) == pytest.approx(h100)
+    assert "measured on the h100_sxm" in profile.meta["families"]["prefill_attention"]
+
+
+@needs_db
 @pytest.mark.parametrize("gpu", ["h100_sxm", "h200_sxm"])
 def test_each_stacks_all_reduce_is_its_collectors_at_every_size(gpu: str) -> None:
     # aiconfigurator's collector times the stack's own tensor_model_parallel_all_reduce in a CUDA
@@ -298,7 +316,8 @@ def test_a_table_comes_from_the_nearest_version_that_holds_it_and_says_so(tmp_pa
 def test_a_profile_built_for_another_version_names_the_one_it_took(tmp_path: Path) -> None:
     from calibration.kernel_db import stack_tables
 
-    found = stack_tables(KERNEL_DB, "h100_sxm", "sglang", NCCL / "h100_sxm" / "nccl_perf.parquet", version="0.5.9")
+    found = stack_tables(KERNEL_DB, "h100_sxm", "sglang", NCCL / "h100_sxm" / "nccl_perf.parquet",
+                         {"bfloat16": 989e12, "fp8": 1978e12}, version="0.5.9")
     assert found.versions["gemm_perf"] == "0.5.14"
     assert "sglang 0.5.14, nearest to 0.5.9" in found.families["gemm"]
 
