@@ -114,6 +114,24 @@ def tokens_per_step(tables: Any) -> dict[int, list[int]]:
     return {r: group["len"].to_list() for (r,), group in counts.group_by("request_id", maintain_order=True)}
 
 
+def test_a_finish_told_as_a_decode_step_is_launched_is_routed_with_that_steps_kv_taken() -> None:
+    """Output lag tells a step's finishes once the step after it is launched: a closed-loop client's
+    next request is then routed by `least-kv` with the KV that decode step took counted (here the
+    finish of request 22 on replica 0, whose other request grows to two blocks; the next request
+    goes to replica 1, as the oracle fleet routes it). Found by hypothesis in
+    `test_async_fleet_matches_oracle`: the fleet engine told before taking the step's KV."""
+    config = RunConfig(policy="priority", model="llama-3.1-8b", gpu="h100_sxm", cost="roofline", max_num_seqs=2,
+                       max_num_batched_tokens=2, long_prefill_token_threshold=0, block_size=1, input_len=2000,
+                       output_len=300, num_replicas=2, router="least-kv", seed=0, async_scheduling=True,
+                       output_lag=True)
+    outputs = np.ones(28, dtype=np.int64)
+    outputs[23] = 2
+    workload = Workload(prompt_tokens=np.array([1, 1, 1, 3] + [1] * 24), output_tokens=outputs, arrival=None,
+                        concurrency=3)
+    tables = assert_same_fleet(config, workload)[0]
+    assert tables.requests.filter(pl.col("request_id") == 25)["replica"].item() == 1
+
+
 def test_replicas_at_acceptance_one_emit_k_plus_one_tokens_a_step() -> None:
     """1 s steps, two replicas behind round robin, n-gram drafts of k = 3 always accepted. Each
     replica prefills its two requests in [0, 1] (first tokens at 1), then every verify step emits

@@ -123,6 +123,9 @@ class Server:
         self.stretch_kv: tuple[Sequence[float], Sequence[int]] | None = None
         """While a decode stretch is waited for: its step ends and the KV blocks its steps took by
         then (cumulative), which it commits at its end; a router reads the blocks held mid-stretch."""
+        self.launching = 0
+        """While output lag tells the last step's outputs as the decode step after it is launched:
+        the KV blocks that step takes then, which a router reads as taken."""
         self.host = HostLoads(kv, self.running_set.waiting)
         """Loads from the KV host tier in flight."""
         self.due: list[float] = []
@@ -236,14 +239,18 @@ class Server:
                 self.unplanned.plan(running.waiting, self.last_start if busy else math.inf)
             step = policy(self)
             decode = step.decode and decoders.count > 0
-            if delivery is not None and not step.tokens:  # no prompt tokens next: the last step's outputs at its end
-                delivery.deliver_now()
             if not step.tokens and not decode:
+                if delivery is not None:  # nothing runs next: the last step's outputs at its end
+                    delivery.deliver_now()
                 if host_reads:
                     host.start(self.clock)
                 yield from self._sleep(host.wake_at(step.wake_at) if loads else step.wake_at)
             elif (not step.tokens and not speculative and not host_reads
                   and decoders.blocks_needed() <= kv.num_free):
+                if delivery is not None:  # a decode step next: the last step's outputs at its end, told as
+                    self.launching = decoders.blocks_needed()  # this step is launched, its KV taken
+                    delivery.deliver_now()
+                    self.launching = 0
                 wake_at = host.wake_at(step.wake_at) if loads else step.wake_at
                 yield from self._decode(self.clock if self.unplanned else wake_at)  # one step, then plan them
             else:

@@ -23,8 +23,11 @@ read no state, only for their own next arrival); a router then reads each server
 the arrival instant: every step it carried out without a timeout ended before it, and a step or
 stretch still waited for shows the state a step-by-step engine shows mid-step, except the KV blocks
 a decode stretch takes step by step, which `ServerLoad` reads from the stretch's plan
-(`Server.stretch_kv`). Closed-loop clients send from any server's finish, and transfers land from
-prefill servers' steps, so closed-loop servers and decode servers keep the clock's next event.
+(`Server.stretch_kv`), and, under output lag, the blocks of a decode step being launched as the
+last step's finishes are told (`Server.launching`): an overlap scheduler launches the next step,
+its KV taken, before it processes the last one's outputs (`simulator.engine.delivery`).
+Closed-loop clients send from any server's finish, and transfers land from prefill servers'
+steps, so closed-loop servers and decode servers keep the clock's next event.
 tests/test_fleet.py checks a fleet against a one-event-per-step fleet of oracle servers bit for bit.
 """
 
@@ -109,10 +112,11 @@ class ServerLoad:
         return self.server.kv.cached_tokens(request, self._taken_mid_stretch())
 
     def _taken_mid_stretch(self) -> int:
-        """Blocks the steps of a decode stretch in flight that started before now took already."""
+        """Blocks the steps of a decode stretch in flight that started before now took already, or
+        those of a decode step being launched (`Server.launching`)."""
         server = self.server
         if server.stretch_kv is None:
-            return 0
+            return server.launching
         ends, taken = server.stretch_kv
         return int(taken[min(bisect_left(ends, server.env.now), len(ends) - 1)])
 
