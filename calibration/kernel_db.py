@@ -120,30 +120,51 @@ def gemm_table(source: Source, dtype: str, kernel: str) -> pl.DataFrame:
                               ).select("m", "n", "k", "latency")
 
 
-def _chosen(kernel: str, kv_dtype: str) -> pl.Expr:
-    return ((pl.col("kernel_source") == kernel) & (pl.col("window_size") == 0) & (pl.col("beam_width") == 1)
+def _chosen(kernel: str, kv_dtype: str, windowed: bool) -> pl.Expr:
+    window = pl.col("window_size") > 0 if windowed else pl.col("window_size") == 0
+    return ((pl.col("kernel_source") == kernel) & window & (pl.col("beam_width") == 1)
             & (pl.col("attn_dtype") == "bfloat16") & (pl.col("kv_cache_dtype") == kv_dtype))
 
 
 HEADS = ("num_heads", "num_kv_heads", "head_dim")
 
 
-def prefill_table(context: Source, kernel: str, kv_dtype: str) -> pl.DataFrame:
-    """Prefill attention (no cached prefix: new tokens = isl), latency in seconds."""
-    rows = pl.read_parquet(context.path).filter(_chosen(kernel, kv_dtype)).select(
-        "batch_size", "num_heads", num_kv_heads="num_key_value_heads", head_dim="head_dim", new_tokens="isl",
-        context=pl.col("isl") + pl.col("step"), latency=pl.col("latency") * MS)
-    return _median_of_repeats(rows, [*HEADS, "batch_size", "new_tokens", "context"]).select(
-        "batch_size", *HEADS, "new_tokens", "context", "latency")
+def prefill_table(context: Source, kernel: str, kv_dtype: str, windowed: bool = False) -> pl.DataFrame:
+    """Prefill attention (no cached prefix: new tokens = isl), latency in seconds; `windowed`: the
+    rows with a sliding window instead, its tokens in `window`."""
+    window = ("window",) if windowed else ()
+    rows = pl.read_parquet(context.path).filter(_chosen(kernel, kv_dtype, windowed)).select(
+        "batch_size", "num_heads", num_kv_heads="num_key_value_heads", head_dim="head_dim", window="window_size",
+        new_tokens="isl", context=pl.col("isl") + pl.col("step"), latency=pl.col("latency") * MS)
+    return _median_of_repeats(rows, [*HEADS, *window, "batch_size", "new_tokens", "context"]).select(
+        "batch_size", *HEADS, *window, "new_tokens", "context", "latency")
 
 
-def decode_table(generation: Source, kernel: str, kv_dtype: str) -> pl.DataFrame:
-    """Decode attention (one token over isl + step), latency in seconds."""
-    rows = pl.read_parquet(generation.path).filter(_chosen(kernel, kv_dtype)).select(
-        "batch_size", "num_heads", num_kv_heads="num_key_value_heads", head_dim="head_dim",
+def decode_table(generation: Source, kernel: str, kv_dtype: str, windowed: bool = False) -> pl.DataFrame:
+    """Decode attention (one token over isl + step), latency in seconds; `windowed` as `prefill_table`."""
+    window = ("window",) if windowed else ()
+    rows = pl.read_parquet(generation.path).filter(_chosen(kernel, kv_dtype, windowed)).select(
+        "batch_size", "num_heads", num_kv_heads="num_key_value_heads", head_dim="head_dim", window="window_size",
         context=pl.col("isl") + pl.col("step"), latency=pl.col("latency") * MS)
-    return _median_of_repeats(rows, [*HEADS, "batch_size", "context"]).select(
-        "batch_size", *HEADS, "context", "latency")
+    return _median_of_repeats(rows, [*HEADS, *window, "batch_size", "context"]).select(
+        "batch_size", *HEADS, *window, "context", "latency")
+
+
+WINDOW_APPLIED = 0.9
+"""A table of sliding-window kernels is kept only if, at contexts of 16 windows and more, its rows
+take under this share of the same shapes' full-attention time (median): such a kernel reads at most
+1/16 of the keys. The kernel database's windowed rows take 0.21-0.50 of it, except vLLM's on the
+H200, which take 1.00 (prefill and decode alike): the window was not applied there."""
+
+
+def windowed_share(windowed: pl.DataFrame, full: pl.DataFrame) -> float:
+    """The median of windowed / full-attention latency over the shapes both measured at contexts of
+    16 windows and more (1.0 where none is)."""
+    keys = [c for c in full.columns if c != "latency"]
+    far = windowed.filter(pl.col("context") >= 16 * pl.col("window")).join(full, on=keys, suffix="_full")
+    if far.height == 0:
+        return 1.0
+    return float((far["latency"] / far["latency_full"]).median())  # type: ignore[arg-type]
 
 
 SAME_COMPUTE = {"h200_sxm": "h100_sxm", "h100_sxm": "h200_sxm"}
@@ -329,6 +350,20 @@ def stack_tables(kernel_db: Path, gpu: str, stack: str, nccl: Path, peak_flops: 
                                                   f"({prefill.height} shapes)")
         families["decode_attention" + suffix] = (f"measured: {said('generation_attention_perf')}, {kernels.attention}, "
                                                  f"{kv} KV ({decode.height} shapes)")
+        for family, windowed, full, where in (
+                ("prefill_attention", prefill_table(source, kernels.attention, kv, True), prefill, said_prefill),
+                ("decode_attention", decode_table(found["generation_attention_perf"], kernels.attention, kv, True),
+                 decode, f"measured: {said('generation_attention_perf')}")):
+            share = windowed_share(windowed, full)
+            what = f"sliding-window rows ({', '.join(map(str, sorted(set(windowed['window'].to_list()))))} tokens)"
+            if windowed.height and share < WINDOW_APPLIED:
+                tables[f"{family}_window{suffix}"] = windowed
+                families[f"{family}_window{suffix}"] = (f"{where}, {kernels.attention}, {kv} KV, its {what}, "
+                                                        f"{share:.2f} of full attention's time from 16 windows "
+                                                        f"({windowed.height} shapes)")
+            elif windowed.height:
+                families[family + suffix] += (f"; its {what} are not used: they take {share:.2f} of full "
+                                              "attention's time from 16 windows, the window not applied")
     tables["moe"] = moe = moe_table(found["moe_perf"], kernels.moe)
     families["moe"] = (f"measured: {said('moe_perf')}, {kernels.moe}, balanced routing, no expert parallelism "
                        f"({moe.height} rows)")

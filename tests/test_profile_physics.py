@@ -39,6 +39,14 @@ def test_no_shipped_kernel_is_faster_than_its_gpus_datasheet(gpu: str) -> None:
             t = tables[name]
             work = 4.0 * t["batch_size"] * t["num_heads"] * t["head_dim"] * causal_pairs(t)
             assert fastest(t, work, rate) <= 1.0, (gpu, name)
+    for name, rate in (("prefill_attention_window", flops), ("prefill_attention_window_fp8", FP8_OVER_BF16 * flops)):
+        if name in tables:  # query i sees min(i, window) keys
+            t = tables[name]
+            n, w = t["new_tokens"].cast(pl.Float64), t["window"].cast(pl.Float64)
+            past = w * (w + 1) / 2 + (n - w) * w
+            pairs = causal_pairs(t).zip_with(n <= w, past)
+            work = 4.0 * t["batch_size"] * t["num_heads"] * t["head_dim"] * pairs
+            assert fastest(t, work, rate) <= 1.0, (gpu, name)
     for name, weight_bytes, rate in (("gemm", 2, flops), ("gemm_fp8", 1, FP8_OVER_BF16 * flops),
                                      ("gemm_fp8_block", 1, FP8_OVER_BF16 * flops)):
         if name in tables:

@@ -24,6 +24,7 @@ from simulator.cost.moe import MoeTable
 from simulator.cost.operators import elementwise_ops, gemm_weight_bytes
 from simulator.cost.parallel import AllReduce, all_reduce_table
 from simulator.cost.roofline import RooflineCost, host_overhead
+from simulator.cost.window import SlidingCurves, sliding_curves
 from simulator.deploy.hardware import GpuSpec, Profile, load_profile
 from simulator.deploy.model import ModelSpec
 from simulator.errors import InputError
@@ -47,7 +48,8 @@ class MeasuredTables:
     lm_head_nk: tuple[int, int]
     gemm: GemmTable
     decode: BatchCurves | None
-    """None: attention priced by `fallback` (MLA, sliding windows, sinks: no such measured tables)."""
+    """None: attention priced by `fallback` (MLA without its tables; sliding windows and sinks where
+    the profile has no windowed tables); with `sliding`, the layers that attend to the whole context."""
     decode_scale: float
     prefill: BatchCurves | None
     prefill_scale: float
@@ -67,6 +69,8 @@ class MeasuredTables:
     data_parallel_size: int = 1
     all_to_all: AllToAll | None = None
     """DeepEP's measured dispatch and combine (data-parallel attention with expert parallelism)."""
+    sliding: SlidingCurves | None = None
+    """The sliding-window layers' measured kernels; the other layers' are `decode` and `prefill`."""
 
 
 def _table(profile: Profile, family: str, what: str) -> pl.DataFrame:
@@ -110,8 +114,10 @@ def build_tables(model: ModelSpec, profile: Profile, tensor_parallel_size: int =
 
     decode = prefill = None
     decode_scale = prefill_scale = 1.0
-    unmeasured = [what for what, has in (("sliding-window layers", rank.sliding_layers),
-                                         ("attention sinks", rank.attention_sinks)) if has]
+    kv_suffix = _suffix(rank.kv_cache_dtype, profile)
+    sliding = sliding_curves(profile, rank, kv_suffix, notes)
+    unmeasured = [] if sliding is not None else [what for what, has in (
+        ("sliding-window layers", rank.sliding_layers), ("attention sinks", rank.attention_sinks)) if has]
     mla = mla_curves(profile, rank, notes) if rank.is_mla and not unmeasured else None
     if mla is not None:
         decode, decode_scale, prefill, prefill_scale = mla.decode, mla.decode_scale, mla.prefill, mla.prefill_scale
@@ -119,7 +125,6 @@ def build_tables(model: ModelSpec, profile: Profile, tensor_parallel_size: int =
         notes.append(f"attention with {', '.join(unmeasured)}: priced by roofline (the profile's attention "
                      "tables are kernels over the whole context)")
     elif not rank.is_mla:  # MLA without its tables: `mla_curves` said so; the roofline prices it
-        kv_suffix = _suffix(rank.kv_cache_dtype, profile)
         decode_rows, decode_scale = attention_rows(
             _table(profile, f"decode_attention{kv_suffix}", "decode attention"), rank, "decode attention", notes)
         decode = BatchCurves.from_frame("decode attention", decode_rows, "context")
@@ -149,11 +154,12 @@ def build_tables(model: ModelSpec, profile: Profile, tensor_parallel_size: int =
         if all_reduce.note is not None:
             notes.append(all_reduce.note)
     fallback = None
-    if unmeasured or rank.is_mla or (rank.is_moe and moe is None) or data_parallel_size > 1:
+    if unmeasured or sliding is not None or rank.is_mla or (rank.is_moe and moe is None) or data_parallel_size > 1:
         fallback = RooflineCost(model, gpu, tensor_parallel_size, all_reduce, expert_parallel_size, data_parallel_size)
     return MeasuredTables(rank, gpu, layer_gemms, lm_head, lm_head_nk, base, decode, decode_scale, prefill,
                           prefill_scale, tuple(elementwise), moe, moe_table, all_reduce, tensor_parallel_size,
-                          profile.step_overhead, tuple(notes), dense_gemms, fallback, data_parallel_size, all_to_all)
+                          profile.step_overhead, tuple(notes), dense_gemms, fallback, data_parallel_size, all_to_all,
+                          sliding)
 
 
 class MeasuredCost:
@@ -173,6 +179,7 @@ class MeasuredCost:
       causal query-key pairs, placed on the measured (batch, prompt length) grid by their pairs
       (a chunk of n tokens after c0 cached ones does n * (c0 + (n + 1) / 2) pairs, as a prompt of
       equal pairs does), linear in pairs and in sequences.
+    - Sliding-window layers (gpt-oss's): the profile's windowed kernels (`simulator.cost.window`).
     - Elementwise kernels: by the bytes each moves (`elementwise_ops`).
     - Tensor parallelism: each GPU's shard of the model plus two all-reduces of the hidden state
       per layer (`AllReduce`).
@@ -309,6 +316,7 @@ class MeasuredCost:
         layer_gemms, head, collectives = self._kept(0, tokens, num_seqs, logit_rows,
                                                     lambda: self._gemms_and_dispatch(tokens, logit_rows))
         decode = prefill = 0.0
+        full = layers - t.sliding.layers if t.sliding is not None else layers
         if t.decode is None or t.prefill is None:
             assert t.fallback is not None
             if shape.decode_seqs:
@@ -317,13 +325,16 @@ class MeasuredCost:
             if shape.prefill_seqs:
                 prefill = t.fallback.attention_all_layers(StepShape(shape.prefill_seqs, 0, 0, *shape[3:7]))
         elif shape.decode_seqs:
-            decode = layers * t.decode_scale * t.decode.at(shape.decode_seqs, shape.decode_context / shape.decode_seqs,
+            decode = full * t.decode_scale * t.decode.at(shape.decode_seqs, shape.decode_context / shape.decode_seqs,
                                                            self.decode_roofline, self.extrapolated)
         if shape.prefill_seqs and t.prefill is not None:
-            prefill = layers * t.prefill_scale * t.prefill.at(
+            prefill = full * t.prefill_scale * t.prefill.at(
                 shape.prefill_seqs, shape.prefill_pairs / shape.prefill_seqs, self.prefill_roofline, self.extrapolated)
             if t.model.is_mla and t.fallback is not None:  # the cached context's up projection (kv_b)
                 prefill += layers * t.fallback.mla_context_up_projection(shape)
+        if t.sliding is not None and t.fallback is not None and t.decode is not None:
+            sliding_decode, sliding_prefill = t.sliding.time(shape, t.fallback, self.extrapolated)
+            decode, prefill = decode + sliding_decode, prefill + sliding_prefill
         dense, moe, elementwise, all_reduce, overhead = self._kept(
             1, tokens, num_seqs, logit_rows, lambda: self._other_families(tokens, num_seqs, logit_rows, layer_gemms))
         return {"gemm": layers * layer_gemms + head + dense, "moe": moe, "decode_attention": decode,

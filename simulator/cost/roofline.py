@@ -135,28 +135,41 @@ class RooflineCost:
         return self.rank.num_layers * layer
 
     def _attention(self, shape: StepShape) -> float:
-        """Attention of all layers of a step whose layers differ (sliding-window layers: each row's
-        context capped at the window, pairs at the window per query; sinks: one more key per query).
-        A sum of contexts stands for the rows, so the cap is min(sum, rows x window): exact when every
-        row's context is past the window, or none is."""
+        """Attention of all layers of a step whose layers differ (sliding-window layers: see
+        `sliding_attention`; sinks: one more key per query)."""
+        rank = self.rank
+        sink = 1 if rank.attention_sinks else 0
+        full = rank.num_layers - rank.sliding_layers
+        total = 0.0
+        if shape.decode_seqs:
+            queries = shape.decode_seqs + shape.spec_tokens
+            total += full * self.attention_time(shape.decode_context, decode_pairs(shape) + sink * queries)
+        if shape.prefill_seqs:
+            pairs = shape.prefill_pairs + sink * shape.prefill_tokens
+            total += full * self.attention_time(shape.prefill_context, pairs, True)
+        return total + self.sliding_attention(shape, True, True)
+
+    def sliding_attention(self, shape: StepShape, decode: bool, prefill: bool) -> float:
+        """The sliding-window layers' attention of a step's single-token rows (`decode`) and
+        multi-token rows (`prefill`): each row's context capped at the window, pairs at the window
+        per query, sinks one more key per query. A sum of contexts stands for the rows, so the cap
+        is min(sum, rows x window): exact when every row's context is past the window, or none is."""
         rank = self.rank
         window, sliding = rank.sliding_window, rank.sliding_layers
         sink = 1 if rank.attention_sinks else 0
         total = 0.0
-        if shape.decode_seqs:
+        if not sliding:
+            return total
+        if decode and shape.decode_seqs:
             n, context = shape.decode_seqs, shape.decode_context
             queries = n + shape.spec_tokens
-            total += (rank.num_layers - sliding) * self.attention_time(context, decode_pairs(shape) + sink * queries)
-            if sliding:
-                capped = min(context, n * window)
-                total += sliding * self.attention_time(capped, (capped * queries / n if shape.spec_tokens else capped)
-                                                      + sink * queries)
-        if shape.prefill_seqs:
+            capped = min(context, n * window)
+            total += sliding * self.attention_time(capped, (capped * queries / n if shape.spec_tokens else capped)
+                                                  + sink * queries)
+        if prefill and shape.prefill_seqs:
             tokens, context, pairs = shape.prefill_tokens, shape.prefill_context, shape.prefill_pairs
-            total += (rank.num_layers - sliding) * self.attention_time(context, pairs + sink * tokens, True)
-            if sliding:
-                capped = min(context, tokens + shape.prefill_seqs * window)
-                total += sliding * self.attention_time(capped, min(pairs, tokens * window) + sink * tokens, True)
+            capped = min(context, tokens + shape.prefill_seqs * window)
+            total += sliding * self.attention_time(capped, min(pairs, tokens * window) + sink * tokens, True)
         return total
 
     def _fixed(self, tokens: int, num_seqs: int, logit_rows: int) -> tuple[float, float]:

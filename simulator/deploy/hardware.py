@@ -161,6 +161,9 @@ OPTIONAL_TABLES: dict[str, tuple[str, ...]] = {
     "mla_prefill_attention": ("dtype", "batch_size", "new_tokens", "context", "num_heads", "latency"),
     "moe_quant": ("dtype", "num_tokens", "hidden_size", "inter_size", "topk", "num_experts", "expert_parallel",
                   "latency"),
+    # Sliding-window attention kernels (gpt-oss's windowed layers), `window` tokens.
+    **{f"{family}_window{kv}": (*TABLE_COLUMNS[family][:-1], "window", "latency")
+       for family in ("prefill_attention", "decode_attention") for kv in ("", "_fp8")},
     "all_to_all": ("op", "num_tokens", "hidden_size", "topk", "num_experts", "latency"),
 }
 VALIDATION_COLUMNS = ("kind", "batch_size", "new_tokens", "context", "latency")
