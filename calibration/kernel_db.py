@@ -36,6 +36,8 @@ from pathlib import Path
 import polars as pl
 import yaml
 
+from simulator.deploy.physics import row_flops
+
 MS = 1e-3
 BF16 = 2
 STACK_VERSIONS = {"vllm": "0.19.0", "sglang": "0.5.14", "trtllm": "1.3.0rc20"}
@@ -175,19 +177,12 @@ is 0.997 and 0.986 (median; 10th-90th percentile 0.92-1.13 and 0.93-1.02), so on
 prefill kernel stands in for the other's (`checked_prefill`)."""
 
 
-def causal_flops(frame: pl.DataFrame) -> pl.Series:
-    """The floating-point operations of prefill attention rows with no window: QK^T and PV over
-    the causal query-key pairs, 2 x 2 x head_dim each per query head."""
-    pairs = pl.col("new_tokens") * (pl.col("context") - pl.col("new_tokens") + (pl.col("new_tokens") + 1) / 2)
-    return frame.select(4.0 * pl.col("batch_size") * pl.col("num_heads") * pl.col("head_dim") * pairs).to_series()
-
-
 def over_peak(prefill: pl.DataFrame, peak_flops: float) -> int:
     """Prefill attention rows (latency in seconds) faster than `peak_flops` allows: physically
-    impossible, a table measured wrong."""
+    impossible, a table measured wrong (`simulator.deploy.physics.row_flops` counts their FLOPs)."""
     if prefill.height == 0:
         return 0
-    return int((causal_flops(prefill) / prefill["latency"] > peak_flops).sum())
+    return int((prefill.select(row_flops("prefill_attention") / pl.col("latency")).to_series() > peak_flops).sum())
 
 
 def checked_prefill(context: Source, stand_in: Callable[[], Source | None], kernel: str, kv_dtype: str,

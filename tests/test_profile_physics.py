@@ -4,6 +4,7 @@ the same kernel measured on a GPU of the same compute stands in (`calibration.ke
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import polars as pl
@@ -11,6 +12,7 @@ import pytest
 
 from calibration.kernel_db import Source, checked_prefill
 from simulator.deploy.hardware import available_gpus, load_profile
+from simulator.deploy.physics import row_flops
 
 FP8_OVER_BF16 = 2.0
 """Hopper's dense fp8 tensor rate over its bf16 one (H100 and H200 SXM datasheets: 1,979 and 989
@@ -107,3 +109,40 @@ def test_a_prefill_table_faster_than_the_peak_with_nothing_sound_to_stand_in_sto
     bad_twin = context_table(tmp_path / "twin.parquet", {(1, 8192): 0.3})
     with pytest.raises(ValueError, match="so are rows of"):
         checked_prefill(own, lambda: bad_twin, "fa3", "bfloat16", PEAK)
+
+
+def test_a_profile_with_a_row_faster_than_its_gpu_is_refused_in_one_line_naming_the_row(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A user's profile (`calibration/measure.py` on their GPU, or one shared with them) whose prefill
+    kernel is timed 1,000 times too fast: every prediction on it would be too fast."""
+    from test_cli import simulate_cli
+
+    shutil.copytree(load_profile("h100_sxm_vllm").path, tmp_path / "gpu")
+    path = tmp_path / "gpu" / "prefill_attention.parquet"
+    table = pl.read_parquet(path)
+    # 8,192 tokens of 32 heads of 128: 4 x 32 x 128 x 8192 x 8193 / 2 = 0.55 TFLOP, 0.56 ms at 989 TFLOP/s.
+    row = table.with_row_index().filter((pl.col("batch_size") == 1) & (pl.col("new_tokens") == 8192)
+                                        & (pl.col("context") == 8192) & (pl.col("num_heads") == 32)
+                                        & (pl.col("num_kv_heads") == 8) & (pl.col("head_dim") == 128))["index"][0]
+    latency = table["latency"].to_list()
+    assert latency[row] > 4 * 32 * 128 * 8192 * 8193 / 2 / 989e12
+    latency[row] /= 1000
+    table.with_columns(latency=pl.Series(latency)).write_parquet(path)
+    code, _, err = simulate_cli(["batch-table", "--gpu", str(tmp_path / "gpu"), "--cost", "measured",
+                                 "--batch", "1,4"], capsys)
+    assert code != 0
+    line = err.strip()
+    assert "\n" not in line and "Traceback" not in line
+    assert f"prefill_attention.parquet': row {row + 1} (" in line and "989 TFLOP/s" in line, line
+
+
+def test_the_flops_of_a_prompt_under_a_window_are_counted_query_by_query() -> None:
+    """Ten tokens under a 4-token window: queries 1..10 see 1, 2, 3, 4, 4, ... keys, 34 pairs; a
+    chunk of 4 after 4 cached sees 4 each, 16; a 3-token prompt 1 + 2 + 3. Without the window, the
+    same rows are 55, 26 and 6 pairs; 4 FLOPs per pair, head and head size."""
+    rows = pl.DataFrame({"batch_size": [1, 2, 1], "num_heads": [1, 1, 3], "head_dim": [1, 1, 2],
+                         "new_tokens": [10, 4, 3], "context": [10, 8, 3], "window": [4, 4, 4]})
+    windowed = rows.select(row_flops("prefill_attention_window")).to_series().to_list()
+    full = rows.select(row_flops("prefill_attention")).to_series().to_list()
+    assert windowed == [4 * 34, 4 * 2 * 16, 4 * 6 * 6]
+    assert full == [4 * 55, 4 * 2 * 26, 4 * 6 * 6]

@@ -299,6 +299,21 @@ def _check_meta(meta: dict[str, Any], path: Path) -> None:
             check_range(fit["values"][term], term, f"{where}: host_overhead_fit.values")
 
 
+def _check_physics(path: Path, family: str, table: pl.DataFrame, bf16_flops: float) -> None:
+    """Refuse a table with a row that computes faster than the GPU's datasheet allows
+    (`simulator.deploy.physics`, with its `LOAD_ALLOWANCE`), naming the first such row."""
+    from simulator.deploy.physics import CHECKED, LOAD_ALLOWANCE, too_fast
+
+    fast = too_fast(family, table, bf16_flops, LOAD_ALLOWANCE)
+    if fast.height:
+        first = fast.row(0, named=True)
+        shape = ", ".join(f"{k} {v}" for k, v in first.items() if k not in ("row", "latency", "share"))
+        raise InputError(f"profile table {str(path)!r}: row {first['row'] + 1} ({shape}) takes "
+                         f"{first['latency']:.3g} s, {first['share']:.2f}x the speed of the GPU's "
+                         f"{CHECKED[family] * bf16_flops / 1e12:.0f} TFLOP/s datasheet rate for it (profile.json "
+                         f"datasheet_flops; {LOAD_ALLOWANCE:g}x allowed): a measurement gone wrong")
+
+
 def load_profile(name_or_path: str) -> Profile:
     """A whole profile: metadata, one table per operator family, optional validation passes."""
     folder = profile_dir(name_or_path)
@@ -316,6 +331,8 @@ def _load_profile(folder: Path, _mtime: int) -> Profile:
     tables = {family: _read_table(folder / f"{family}.parquet", columns) for family, columns in TABLE_COLUMNS.items()}
     tables |= {family: _read_table(folder / f"{family}.parquet", columns)
                for family, columns in OPTIONAL_TABLES.items() if (folder / f"{family}.parquet").exists()}
+    for family, table in tables.items():
+        _check_physics(folder / f"{family}.parquet", family, table, float(meta["datasheet_flops"]))
     validation_path = folder / "validation.parquet"
     validation = _read_table(validation_path, VALIDATION_COLUMNS) if validation_path.exists() else None
     return Profile(folder, meta, load_gpu(str(folder)), tables, validation)
