@@ -60,12 +60,18 @@ def mla_curves(profile: Profile, rank: ModelSpec, notes: list[str]) -> MlaCurves
                      BatchCurves.from_frame("MLA prefill attention", prefill_rows, "pairs"), prefill_scale)
 
 
+def experts_dtype(rank: ModelSpec) -> str:
+    """The dtype a fused-MoE table is read in for `rank`'s routed experts: their own (4-bit
+    checkpoints), else the linear layers' weights', else the activations'."""
+    return rank.expert_dtype or rank.weight_dtype or rank.dtype
+
+
 def moe_quant_table(profile: Profile, rank: ModelSpec, rates: tuple[float, float, float]) -> MoeTable | None:
     """The fused-MoE rows of 4-bit or expert-parallel experts of `rank`'s dtype and expert
     parallelism, or None when the profile has none. `rates`: (bytes per weight, bandwidth, FLOP/s) of
     one GPU's experts, which under expert parallelism over E GPUs does 1/E of the work (the table's
     roofline is scaled so)."""
-    dtype = rank.expert_dtype or rank.weight_dtype or rank.dtype
+    dtype = experts_dtype(rank)
     table = profile.tables.get("moe_quant")
     frame = None if table is None else table.filter((pl.col("dtype") == dtype)
                                                     & (pl.col("expert_parallel") == rank.expert_parallel))
@@ -84,7 +90,7 @@ def moe_curves(profile: Profile, model: ModelSpec, rank: ModelSpec, tensor_paral
     `finer_split_curve`."""
     if not rank.is_moe:
         return None, None
-    dtype = rank.expert_dtype or rank.weight_dtype or rank.dtype
+    dtype = experts_dtype(rank)
     if rank.expert_dtype is not None or rank.expert_parallel > 1:
         gpu = profile.gpu
         expert_rates = rates if rank.expert_dtype is None else (rank.expert_weight_bytes, gpu.mem_bw, gpu.gemm_flops)
@@ -129,7 +135,7 @@ def finer_split_curve(profile: Profile, model: ModelSpec, ways: int, rank: Model
     measured = [s[1] for s in split.series if (s[0], s[2], s[3]) == (hidden, top_k, experts)]
     if not measured or inter // ways >= min(measured):
         return None
-    dtype = rank.expert_dtype or rank.weight_dtype or rank.dtype
+    dtype = experts_dtype(rank)
     whole = (hidden, inter, top_k, experts)
     one = split.series.get(whole)
 
