@@ -46,14 +46,14 @@ def test_gpt_oss_sliding_layers_take_the_measured_windowed_kernel_and_the_others
     decode = StepShape.from_rows([(1, 4096)] * 16)
     windowed = kernel(gpu, stack, version, "generation_attention_perf", 128, batch_size=16, isl=1, step=4095)
     full = kernel(gpu, stack, version, "generation_attention_perf", 0, batch_size=16, isl=1, step=4095)
-    assert tables.sliding.time(decode, tables.fallback, cost.extrapolated)[0] == pytest.approx(18 * windowed)
+    assert cost.sliding_attention(decode)[0] == pytest.approx(18 * windowed)
     assert cost.breakdown(decode)["decode_attention"] == pytest.approx(18 * windowed + 18 * full)
     assert windowed < full / 2  # it reads 128 of 4,096 keys
     # One 8,192-token prompt: 8,192 x 128 windowed query-key pairs, the measured prompt's own.
     prompt = StepShape.from_rows([(8192, 8192)])
     windowed = kernel(gpu, stack, version, "context_attention_perf", 128, batch_size=1, isl=8192, step=0)
     full = kernel(gpu, stack, version, "context_attention_perf", 0, batch_size=1, isl=8192, step=0)
-    assert tables.sliding.time(prompt, tables.fallback, cost.extrapolated)[1] == pytest.approx(18 * windowed)
+    assert cost.sliding_attention(prompt)[1] == pytest.approx(18 * windowed)
     assert cost.breakdown(prompt)["prefill_attention"] == pytest.approx(18 * windowed + 18 * full)
     assert not any("attention" in note for note in tables.notes)
 

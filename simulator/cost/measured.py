@@ -230,6 +230,12 @@ class MeasuredCost:
         tokens = (math.sqrt(1 + 8 * pairs) - 1) / 2  # the prompt length with these causal pairs
         return batch * max(pairs * self._prefill_flops, tokens * self._prefill_bytes)
 
+    def sliding_attention(self, shape: StepShape) -> tuple[float, float]:
+        """(decode, prefill) attention of the sliding-window layers (`simulator.cost.window`)."""
+        t = self.tables
+        assert t.sliding is not None and t.fallback is not None
+        return t.sliding.time(shape, t.fallback, self.extrapolated, self.decode_roofline, self._prefill_flops)
+
     def _elementwise(self, tokens: int, num_seqs: int) -> float:
         total = 0.0
         for curve, per_seq, count, unit_bytes in self.tables.elementwise:
@@ -332,8 +338,8 @@ class MeasuredCost:
                 shape.prefill_seqs, shape.prefill_pairs / shape.prefill_seqs, self.prefill_roofline, self.extrapolated)
             if t.model.is_mla and t.fallback is not None:  # the cached context's up projection (kv_b)
                 prefill += layers * t.fallback.mla_context_up_projection(shape)
-        if t.sliding is not None and t.fallback is not None and t.decode is not None:
-            sliding_decode, sliding_prefill = t.sliding.time(shape, t.fallback, self.extrapolated)
+        if t.sliding is not None:
+            sliding_decode, sliding_prefill = self.sliding_attention(shape)
             decode, prefill = decode + sliding_decode, prefill + sliding_prefill
         dense, moe, elementwise, all_reduce, overhead = self._kept(
             1, tokens, num_seqs, logit_rows, lambda: self._other_families(tokens, num_seqs, logit_rows, layer_gemms))

@@ -21,6 +21,7 @@ not; a sink is under 1% of a 128-key window's work.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import polars as pl
@@ -45,31 +46,28 @@ class SlidingCurves:
     decode_scale: float
     prefill: BatchCurves | None
     prefill_scale: float
-    seconds_per_key: float
-    """A decode query's roofline time per cached key read (KV bytes / attention bandwidth)."""
-    seconds_per_pair: float
-    """A prefill query-key pair's roofline time (FLOPs / attention rate)."""
 
-    def time(self, shape: StepShape, fallback: RooflineCost, record: Counter[str]) -> tuple[float, float]:
-        """(decode, prefill) attention of every sliding-window layer of a step."""
+    def time(self, shape: StepShape, fallback: RooflineCost, record: Counter[str],
+             decode_roofline: Callable[[float, float], float], pair_seconds: float) -> tuple[float, float]:
+        """(decode, prefill) attention of every sliding-window layer of a step. Past the measured
+        shapes, `decode_roofline(sequences, context)` (the full layers', at the context capped at
+        the window) and `pair_seconds` per windowed query-key pair extrapolate."""
         decode = prefill = 0.0
         window = self.window
         if shape.decode_seqs:
             if self.decode is None:
                 decode = fallback.sliding_attention(shape, True, False)
             else:
-                per_key = self.seconds_per_key
                 decode = self.layers * self.decode_scale * self.decode.at(
                     shape.decode_seqs, shape.decode_context / shape.decode_seqs,
-                    lambda b, context: b * min(context, window) * per_key, record)
+                    lambda b, context: decode_roofline(b, min(context, window)), record)
         if shape.prefill_seqs:
             if self.prefill is None:
                 prefill = fallback.sliding_attention(shape, False, True)
             else:
-                per_pair = self.seconds_per_pair
                 pairs = min(shape.prefill_pairs, shape.prefill_tokens * window) / shape.prefill_seqs
                 prefill = self.layers * self.prefill_scale * self.prefill.at(
-                    shape.prefill_seqs, pairs, lambda b, x: b * x * per_pair, record)
+                    shape.prefill_seqs, pairs, lambda b, x: b * x * pair_seconds, record)
         return decode, prefill
 
 
@@ -97,17 +95,17 @@ def sliding_curves(profile: Profile, rank: ModelSpec, kv_suffix: str, notes: lis
             except InputError:
                 pass
         if found[family] is None:
-            notes.append(f"{family.replace('_', ' ')}: no measured kernel with a {window}-token window for "
-                         f"{rank.num_heads} / {rank.num_kv_heads} heads of {rank.head_dim}: sliding layers by roofline")
+            missing = (f"the profile has no {family}{kv_suffix} table" if table is None else
+                       f"no measured kernel with a {window}-token window for {rank.num_heads} / "
+                       f"{rank.num_kv_heads} heads of {rank.head_dim}")
+            notes.append(f"{family.replace('_', ' ')}: {missing}: sliding layers by roofline")
     decode, prefill = found["decode_attention_window"], found["prefill_attention_window"]
     if decode is None and prefill is None:
         return None
-    gpu = profile.gpu
     return SlidingCurves(
         rank.sliding_layers, window,
         None if decode is None else BatchCurves.from_frame("decode attention (window)", decode[0], "context"),
         1.0 if decode is None else decode[1],
         None if prefill is None else BatchCurves.from_frame(
             "prefill attention (window)", prefill[0].with_columns(pairs=windowed_pairs(window)), "pairs"),
-        1.0 if prefill is None else prefill[1],
-        rank.kv_bytes_per_token_per_layer / gpu.attn_bw, 4.0 * rank.num_heads * rank.head_dim / gpu.attn_flops)
+        1.0 if prefill is None else prefill[1])
