@@ -36,7 +36,7 @@ from pathlib import Path
 import polars as pl
 import yaml
 
-from simulator.deploy.physics import row_flops
+from simulator.deploy.physics import too_fast
 
 MS = 1e-3
 BF16 = 2
@@ -179,10 +179,8 @@ prefill kernel stands in for the other's (`checked_prefill`)."""
 
 def over_peak(prefill: pl.DataFrame, peak_flops: float) -> int:
     """Prefill attention rows (latency in seconds) faster than `peak_flops` allows: physically
-    impossible, a table measured wrong (`simulator.deploy.physics.row_flops` counts their FLOPs)."""
-    if prefill.height == 0:
-        return 0
-    return int((prefill.select(row_flops("prefill_attention") / pl.col("latency")).to_series() > peak_flops).sum())
+    impossible, a table measured wrong (`simulator.deploy.physics.too_fast`, at that rate)."""
+    return too_fast("prefill_attention", prefill, peak_flops).height
 
 
 def checked_prefill(context: Source, stand_in: Callable[[], Source | None], kernel: str, kv_dtype: str,
