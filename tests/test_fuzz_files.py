@@ -170,7 +170,8 @@ def gpu_profile(name: str, text: bytes) -> None:
 
 
 @fuzz_settings(ci_examples=20)
-@given(table=st.sampled_from(["gemm", "decode_attention", "collectives", "collectives_nccl", "elementwise"]),
+@given(table=st.sampled_from(["gemm", "decode_attention", "prefill_attention_window", "collectives", "collectives_nccl",
+                               "elementwise"]),
        data=st.data())
 def test_malformed_profile_tables(table: str, data: st.DataObject) -> None:
     """One cell of a kernel table changed to null or an edge of its type, or the file garbage."""

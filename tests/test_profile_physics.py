@@ -134,6 +134,7 @@ def test_a_profile_with_a_row_faster_than_its_gpu_is_refused_in_one_line_naming_
     line = err.strip()
     assert "\n" not in line and "Traceback" not in line
     assert f"prefill_attention.parquet': row {row + 1} (" in line and "989 TFLOP/s" in line, line
+    assert len(line) <= 300, line
 
 
 def test_the_flops_of_a_prompt_under_a_window_are_counted_query_by_query() -> None:

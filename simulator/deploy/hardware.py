@@ -307,11 +307,9 @@ def _check_physics(path: Path, family: str, table: pl.DataFrame, bf16_flops: flo
     fast = too_fast(family, table, bf16_flops, LOAD_ALLOWANCE)
     if fast.height:
         first = fast.row(0, named=True)
-        shape = ", ".join(f"{k} {v}" for k, v in first.items() if k not in ("row", "latency", "share"))
-        raise InputError(f"profile table {str(path)!r}: row {first['row'] + 1} ({shape}) takes "
-                         f"{first['latency']:.3g} s, {first['share']:.2f}x the speed of the GPU's "
-                         f"{CHECKED[family] * bf16_flops / 1e12:.0f} TFLOP/s datasheet rate for it (profile.json "
-                         f"datasheet_flops; {LOAD_ALLOWANCE:g}x allowed): a measurement gone wrong")
+        raise InputError(f"profile table {str(path)!r}: row {first['row'] + 1} ({first['latency']:.3g} s) computes "
+                         f"{first['share']:.3g}x the GPU's {CHECKED[family] * bf16_flops / 1e12:.4g} TFLOP/s datasheet "
+                         f"rate (profile.json datasheet_flops; {LOAD_ALLOWANCE:g}x at most): a measurement gone wrong")
 
 
 def load_profile(name_or_path: str) -> Profile:
