@@ -261,6 +261,9 @@ def test_a_disaggregated_row_without_workers_takes_those_of_its_twin(tmp_path: P
     assert (config.decode_replicas, config.decode_tensor_parallel_size, config.decode_data_parallel_size) == (3, 1, 8)
     alone = point_config(points["d3"], "h200_sxm")
     assert (alone.prefill_replicas, alone.decode_replicas) == (1, 1)
+    # Its error is reported apart: a guessed deployment is not averaged with stated ones.
+    assert points["d1"].group == "deepseek-r1 h200_sxm trtllm disagg"
+    assert points["d3"].group == "deepseek-r1 h200_sxm trtllm disagg (workers assumed)"
 
 
 def test_every_twin_in_the_table_ran_the_clients_its_bare_row_notes() -> None:

@@ -125,3 +125,24 @@ def test_held_out_and_fitted_rows_are_summarised_apart() -> None:
              for r in held_out_summary(rows).iter_rows(named=True)}
     assert table == {("all", True): (2, pytest.approx(0.2)), ("all", False): (1, pytest.approx(0.4)),
                      ("g", True): (2, pytest.approx(0.2)), ("g", False): (1, pytest.approx(0.4))}
+
+
+def test_rows_of_assumed_workers_get_their_stack_a_line_without_them() -> None:
+    # TensorRT-LLM: a stated row (error 0.1) and two guessed (0.5, 0.9); vLLM stated only (0.2).
+    import polars as pl
+
+    from simulator.sim2real.compare import held_out_summary
+
+    rows = pl.DataFrame([{"gpu": "h200_sxm_trtllm", "backend": backend, "mode": "disagg", "quantization": "",
+                          "tensor_parallel_size": 8, "group": group, "statistic": "tpot_mean", "error": error}
+                         for backend, group, error in (("trtllm", "d disagg", 0.1),
+                                                       ("trtllm", "d disagg (workers assumed)", -0.5),
+                                                       ("trtllm", "d disagg (workers assumed)", 0.9),
+                                                       ("vllm", "q disagg", 0.2))])
+    table = {(r["backend"], r["group"]): (r["points"], r["median_abs_error"])
+             for r in held_out_summary(rows).iter_rows(named=True)}
+    assert table == {("trtllm", "all"): (3, pytest.approx(0.5)),
+                     ("trtllm", "all, workers stated"): (1, pytest.approx(0.1)),
+                     ("trtllm", "d disagg"): (1, pytest.approx(0.1)),
+                     ("trtllm", "d disagg (workers assumed)"): (2, pytest.approx(0.7)),
+                     ("vllm", "all"): (1, pytest.approx(0.2)), ("vllm", "q disagg"): (1, pytest.approx(0.2))}

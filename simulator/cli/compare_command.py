@@ -68,13 +68,19 @@ def print_held_out(table: pl.DataFrame) -> None:
         return
     click.echo("\nmedian |error| per stack and group, rows no fit used (held out) and rows a profile's host fit "
                "used (its stack, GPU, weights and TP sizes):")
-    click.echo(f"  {'stack':<8}{'group':<30}{'':<10}{'rows':>6}{'TTFT':>9}{'TPOT':>9}")
+    width = group_width(table)
+    click.echo(f"  {'stack':<8}{'group':<{width}}{'':<10}{'rows':>6}{'TTFT':>9}{'TPOT':>9}")
     for (backend, group, fitted), part in table.group_by("backend", "group", "fitted", maintain_order=True):
         cells = {r["statistic"]: r for r in part.iter_rows(named=True)}
         values = "".join(f"{cells[s]['median_abs_error']:>9.1%}" if s in cells else f"{'-':>9}"
                          for s in ("ttft_mean", "tpot_mean"))
         count = max(r["points"] for r in cells.values())
-        click.echo(f"  {backend:<8}{group:<30}{'fitted' if fitted else 'held out':<10}{count:>6}{values}")
+        click.echo(f"  {backend:<8}{group:<{width}}{'fitted' if fitted else 'held out':<10}{count:>6}{values}")
+
+
+def group_width(table: pl.DataFrame) -> int:
+    """The group column's width: the longest group's name and a gap, at least 30."""
+    return max(30, *(len(group) + 2 for group in table["group"]))
 
 
 def print_skips(skipped: list[tuple[str, str]], total: int) -> None:
@@ -228,8 +234,10 @@ def compare_command(results: tuple[Path, ...], gpu: tuple[str, ...], tensor_para
         print_rows(rows)
         table = summary(rows)
         click.echo("\nmedian |error|:")
+        width = group_width(table)
         for r in table.iter_rows(named=True):
-            click.echo(f"  {r['group']:<30}{r['statistic']:<22}{r['median_abs_error']:>8.1%}  ({r['points']} points)")
+            click.echo(f"  {r['group']:<{width}}{r['statistic']:<22}{r['median_abs_error']:>8.1%}"
+                       f"  ({r['points']} points)")
         print_held_out(held_out_summary(rows))
         click.echo("\n" + "\n".join(regret_lines(rows)))
     print_models(resolver)

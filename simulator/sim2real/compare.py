@@ -24,7 +24,7 @@ from simulator.errors import InputError
 from simulator.run.clients import ClientRun
 from simulator.sim2real.points import MeasuredPoint
 from simulator.sim2real.replay import Replay, replay_workload
-from simulator.sim2real.silicon import expert_parallel_modelled
+from simulator.sim2real.silicon import ASSUMED, expert_parallel_modelled
 from workloads import Workload, synthetic_workload
 
 
@@ -238,15 +238,22 @@ def fitted_by_profile(row: dict[str, Any]) -> bool:
             and (sizes == "all" or row["tensor_parallel_size"] in (sizes or ())))
 
 
+ALL_STATED = "all, workers stated"
+"""The per-stack line over the rows that say their deployment: the guessed ones left out."""
+
+
 def held_out_summary(rows: pl.DataFrame) -> pl.DataFrame:
-    """Median |error| per stack (group `all`) and per group of it, statistic and whether the profile's
-    fit used the row (`fitted_by_profile`)."""
+    """Median |error| per stack (group `all`; `ALL_STATED` too where some rows' deployment was assumed)
+    and per group of it, statistic and whether the profile's fit used the row (`fitted_by_profile`)."""
     keys = ("gpu", "backend", "mode", "quantization", "tensor_parallel_size")
     flags = {key: fitted_by_profile(dict(zip(keys, key, strict=True))) for key in rows.select(*keys).unique().rows()}
     marked = rows.filter(pl.col("error").is_not_nan()).with_columns(
         fitted=pl.struct(*keys).map_elements(lambda r: flags[tuple(r[k] for k in keys)], return_dtype=pl.Boolean))
-    parts = [marked.with_columns(group=pl.lit("all")), marked]
+    assumed = pl.col("group").str.ends_with(ASSUMED)
+    guessing = marked.filter(assumed)["backend"].unique().to_list()  # the stacks with rows of assumed workers
+    stated = marked.filter(~assumed & pl.col("backend").is_in(guessing))
+    parts = [marked.with_columns(group=pl.lit("all")), stated.with_columns(group=pl.lit(ALL_STATED)), marked]
     return (pl.concat([part.group_by("backend", "group", "fitted", "statistic")
                        .agg(pl.len().alias("points"), pl.col("error").abs().median().alias("median_abs_error"))
                        for part in parts])
-            .sort("backend", pl.col("group") != "all", "group", "fitted", "statistic"))
+            .sort("backend", ~pl.col("group").str.starts_with("all"), "group", "fitted", "statistic"))

@@ -224,11 +224,27 @@ def silicon_point(row: dict[str, str], where: str, resolver: ModelResolver, layo
             raise Unmappable(f"{model.name}: {exc}") from None
     version = cell("backend_version", "").strip() or None
     return MeasuredPoint(
-        name=row["id"] or where, group=f"{model.name} {gpu} {backend}", model=model.model, gpu=gpu,
+        name=row["id"] or where, group=group_name(row, model.name, gpu, backend, mode), model=model.model, gpu=gpu,
         tensor_parallel_size=tp, quantization=quantization, num_requests=10 * concurrency, warmup=concurrency,
         concurrency=concurrency, rate=None, burstiness=1.0, input_lens=(isl,), output_lens=(osl,), measured=measured,
         backend=backend, backend_version=version, mode=mode, pp_size=pp, attention_dp_size=adp, moe_tp_size=moe_tp,
         moe_ep_size=moe_ep, moe_quantization=moe_quant if model.moe else None, prefill=prefill, decode=decode)
+
+
+ASSUMED = "(workers assumed)"
+"""The end of the group name of rows that do not say their deployment (`group_name`)."""
+
+
+def group_name(row: dict[str, str], model: str, gpu: str, backend: str, mode: str) -> str:
+    """The row's group for the error tables: model, GPU and stack, its mode if disaggregated, and
+    whether its workers were assumed (a disaggregated row that does not give them, rerun as one
+    prefill and one decode worker: module docstring), so that a guess is never averaged with rows
+    that say what they ran."""
+    name = f"{model} {gpu} {backend}"
+    if mode != "disagg":
+        return name
+    given = all(row.get(f"{role}_num_workers", "").strip() for role in ("prefill", "decode"))
+    return f"{name} disagg" + ("" if given else f" {ASSUMED}")
 
 
 def noted_concurrency(source: str, where: str) -> int | None:
