@@ -15,12 +15,13 @@ import pytest
 from test_compare import write_csv
 from test_compare_formats import AGG, DISAGG, MODELS, UPSTREAM, needs_upstream
 
+from simulator.deploy.backends import bench_scheduler, stack_defaults
 from simulator.deploy.hardware import load_gpu
 from simulator.deploy.model import load_model
 from simulator.deploy.resolve import ModelResolver
 from simulator.errors import InputError
 from simulator.run.pools import build_pools, pool_configs
-from simulator.run.sizing import gpu_shard
+from simulator.run.sizing import gpu_shard, kv_cache_blocks
 from simulator.sim2real.compare import Scheduler, default_profile, point_config, point_workload
 from simulator.sim2real.measured import read_measured
 from simulator.sim2real.points import Reading
@@ -76,6 +77,33 @@ def test_a_dense_rows_attention_data_parallelism_is_replicas(tmp_path: Path) -> 
     config = point_config(point, "h100_sxm")
     assert point.concurrency == 6
     assert (config.num_replicas, config.data_parallel_size, config.enable_expert_parallel) == (2, 1, False)
+
+
+def test_a_tensorrt_llm_server_of_a_block_fp8_checkpoint_stores_its_kv_in_fp8(tmp_path: Path) -> None:
+    # The table's DeepSeek-R1 TensorRT-LLM server at 128 clients of 1,024 + 8,192 tokens (TP 8,
+    # experts over 8) measured a 1.4 s TTFT and 23 ms TPOT: all 128 ran at once, 128 x 9,216 tokens
+    # of KV. The latent is each TP rank's whole: 61 layers x (512 + 64) elements a token, 70 kB in
+    # bf16, 35 kB in fp8; bf16 cannot hold them beside 1/8 of the weights, fp8 can.
+    row = AGG | {"model_path": "deepseek-ai/DeepSeek-R1", "backend": "trtllm", "system": "h200_sxm",
+                 "silicon_data_source": "silicon_concurrency=128", "precision": "fp8", "gemm_quant_mode": "fp8",
+                 "moe_quant_mode": "fp8", "isl": "1024", "osl": "8192", "batch_size": "128", "tp_size": "8",
+                 "attention_dp_size": "1", "moe_tp_size": "1", "moe_ep_size": "8"}
+    point = read(tmp_path, row).points[0]
+    trtllm = Scheduler.of(bench_scheduler("trtllm", 1024, 128))
+    config = point_config(point, "h200_sxm_trtllm", scheduler=trtllm)
+    assert config.quantization is None and config.kv_cache_dtype == "fp8"  # the checkpoint's own block fp8
+    model, gpu = load_model(config.model), load_gpu(config.gpu)
+    assert gpu_shard(config, model).kv_bytes_per_token == 61 * (512 + 64) * 1
+    need = 128 * (1024 + 8192)
+    held = {dtype: kv_cache_blocks(replace(config, kv_cache_dtype=dtype), model, gpu, 1024) * config.block_size
+            for dtype in ("auto", "fp8")}
+    assert held["auto"] < need <= held["fp8"]
+    # SGLang's servers of the same checkpoint keep the model's dtype (its stock `auto`), and so do
+    # TensorRT-LLM's disaggregated ones, which the data does not say otherwise of.
+    sglang = point_config(replace(point, backend="sglang"), "h200_sxm_sglang",
+                          scheduler=Scheduler.of(stack_defaults("sglang")))
+    assert sglang.kv_cache_dtype == "auto"
+    assert point_config(replace(point, mode="disagg"), "h200_sxm_trtllm", scheduler=trtllm).kv_cache_dtype == "auto"
 
 
 @pytest.mark.parametrize(("model_path", "gemm", "expert_dtype"), [

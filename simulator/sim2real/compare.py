@@ -20,6 +20,7 @@ import polars as pl
 from simulator.config import DEFAULTS, RunConfig
 from simulator.deploy.backends import StackDefaults, async_by_default, stack_defaults, stack_profile
 from simulator.deploy.hardware import available_gpus, load_profile
+from simulator.deploy.model import load_model
 from simulator.errors import InputError
 from simulator.run.clients import ClientRun
 from simulator.sim2real.points import MeasuredPoint
@@ -33,7 +34,7 @@ class Scheduler:
     """The measured servers' scheduler settings (default: vLLM serve's on an H100-class GPU) and the
     client's prompt pool (`num_dataset_entries`, aiperf's; None: every prompt its own);
     `fp8_kv_with_fp8_weights`: the server stores KV in fp8 where the point's weights are fp8
-    (TensorRT-LLM's default, `simulator.deploy.backends`)."""
+    (`fp8_kv`; TensorRT-LLM's, `simulator.deploy.backends`)."""
 
     max_num_batched_tokens: int = DEFAULTS["max_num_batched_tokens"]
     max_num_seqs: int = DEFAULTS["max_num_seqs"]
@@ -83,6 +84,25 @@ def client_time(gpu: str) -> float:
     return float(fit["values"]["client_time"]) if isinstance(fit, dict) else 0.0
 
 
+def fp8_kv(point: MeasuredPoint, scheduler: Scheduler) -> bool:
+    """Whether `point`'s server stored KV in fp8 (`Scheduler.fp8_kv_with_fp8_weights`): where the row's
+    quant mode makes a 16-bit checkpoint's weights fp8 (TensorRT-LLM's `auto` KV dtype follows an FP8
+    checkpoint's `kv_cache_quant_algo`), and on an aggregated row of a checkpoint whose own weights
+    are fp8 (DeepSeek's block fp8). The data requires the latter: the table's DeepSeek-R1 TensorRT-LLM
+    server at 128 clients of 1,024 + 8,192 tokens ran them all at once (TTFT 1.4 s), 1.18 M tokens of
+    latent KV that bf16 (70 kB a token on each GPU) cannot hold on 8 H200s beside the weights, and
+    fp8 can; it is one server's setting at every concurrency. The disaggregated rows (Dynamo's
+    recipes) say nothing of the kind and keep the stack's `auto`, the checkpoint's none
+    (docs/validation/stack-fidelity.md)."""
+    if not scheduler.fp8_kv_with_fp8_weights:
+        return False
+    return point.quantization == "fp8" or (
+        point.mode == "agg" and point.quantization is None and load_model(point.model).weight_dtype in FP8_WEIGHTS)
+
+
+FP8_WEIGHTS = ("fp8", "fp8_block")
+
+
 def point_config(point: MeasuredPoint, gpu: str, seed: int = 0, scheduler: Scheduler = DEFAULT_SCHEDULER) -> RunConfig:
     """The point's deployment on profile `gpu`; `scheduler`: the server's settings (the default one,
     vLLM serve's, stands for the stock scheduler of the point's stack, `simulator.deploy.backends`;
@@ -96,14 +116,14 @@ def point_config(point: MeasuredPoint, gpu: str, seed: int = 0, scheduler: Sched
                  if getattr(scheduler, name) != getattr(default, name)}
         scheduler = replace(stack, speculation=scheduler.speculation, **given)
     method, k, acceptance = scheduler.speculation or (None, None, None)
-    fp8_kv = scheduler.fp8_kv_with_fp8_weights and point.quantization == "fp8"
+    kv_fp8 = fp8_kv(point, scheduler)
     overlap = scheduler.async_scheduling and async_by_default(point.backend, point.backend_version)
     return RunConfig(policy=scheduler.policy, model=point.model, gpu=gpu, cost="measured",
                      tensor_parallel_size=point.tensor_parallel_size, quantization=point.quantization,
                      input_len=point.input_lens[0], output_len=point.output_lens[0], seed=seed,
                      max_num_batched_tokens=scheduler.max_num_batched_tokens, max_num_seqs=scheduler.max_num_seqs,
                      enable_prefix_caching=scheduler.enable_prefix_caching, backend=point.backend,
-                     num_dataset_entries=scheduler.num_dataset_entries, kv_cache_dtype="fp8" if fp8_kv else "auto",
+                     num_dataset_entries=scheduler.num_dataset_entries, kv_cache_dtype="fp8" if kv_fp8 else "auto",
                      speculative_method=method, num_speculative_tokens=k, spec_acceptance=acceptance,
                      async_scheduling=overlap, output_lag=overlap and scheduler.output_lag,
                      disable_custom_all_reduce=scheduler.disable_custom_all_reduce,
