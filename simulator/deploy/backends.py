@@ -22,8 +22,8 @@ default is and where its source says so:
   False, so a prompt is computed whole, beside the decodes of the step (in-flight batching): the
   `inflight` policy; KV block reuse on (`KvCacheConfig.enable_block_reuse` True); the capacity
   scheduler's `GUARANTEED_NO_EVICT` admits a request only when its whole KV (prompt + max output)
-  is free and never preempts, which servesim's inflight policy does not model (it admits on the
-  prompt's blocks): where KV is short, TRT-LLM queues requests that servesim would start.
+  is free beside what the running ones still need, and never preempts (`policies.inflight`): where
+  KV is short, TRT-LLM queues requests that vLLM would start and preempt.
   Its KV cache dtype `auto` follows the checkpoint's metadata (`KvCacheConfig.dtype`: "Use 'auto'
   to follow checkpoint metadata"), and an FP8 checkpoint (ModelOpt, `kv_cache_quant_algo` FP8, as
   NVIDIA's FP8 checkpoints ship) stores KV in fp8: one byte per element, twice the tokens in the
