@@ -137,6 +137,15 @@ def test_a_table_lacking_a_column_is_refused_naming_it(tmp_path: Path, capsys: p
     assert code == 2 and "osl" in err and len(err.strip().splitlines()) == 1
 
 
+def test_a_kv_dtype_the_rows_do_not_say_is_refused_naming_it(tmp_path: Path,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    path = write_csv(tmp_path / "points.csv", ROW)
+    code, _, err = outcome(["compare", str(path), "--kv-cache-dtype", "fp8", "--out", str(tmp_path / "r.parquet")],
+                           capsys)
+    assert code == 2 and "--kv-cache-dtype fp8" in err and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "r.parquet").exists()
+
+
 def test_errors_are_signed_simulated_against_measured(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     # No server takes 1,000 s to a first token nor 1 us a token: the errors must be about -100% and
     # far above 0.

@@ -181,8 +181,8 @@ def compare_command(results: tuple[Path, ...], gpu: tuple[str, ...], tensor_para
     from simulator.sweep.executors import WorkerDied
 
     if kv_cache_dtype != "auto":
-        raise InputError(f"--kv-cache-dtype {kv_cache_dtype} is not replayed: the measured servers ran the "
-                         "model's own KV dtype")
+        raise InputError(f"--kv-cache-dtype {kv_cache_dtype} is not replayed: each row reruns with the KV dtype its "
+                         "stack and weights give (TensorRT-LLM's fp8 over fp8 weights, else the model's)")
     if model is not None:
         from simulator.deploy.model import load_model
 
