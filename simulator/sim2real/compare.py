@@ -84,6 +84,10 @@ def client_time(gpu: str) -> float:
     return float(fit["values"]["client_time"]) if isinstance(fit, dict) else 0.0
 
 
+FP8_WEIGHTS = ("fp8", "fp8_block")
+"""A checkpoint's own weight dtypes that are fp8 (`ModelSpec.weight_dtype`)."""
+
+
 def fp8_kv(point: MeasuredPoint, scheduler: Scheduler) -> bool:
     """Whether `point`'s server stored KV in fp8 (`Scheduler.fp8_kv_with_fp8_weights`): where the row's
     quant mode makes a 16-bit checkpoint's weights fp8 (TensorRT-LLM's `auto` KV dtype follows an FP8
@@ -92,15 +96,12 @@ def fp8_kv(point: MeasuredPoint, scheduler: Scheduler) -> bool:
     server at 128 clients of 1,024 + 8,192 tokens ran them all at once (TTFT 1.4 s), 1.18 M tokens of
     latent KV that bf16 (70 kB a token on each GPU) cannot hold on 8 H200s beside the weights, and
     fp8 can; it is one server's setting at every concurrency. The disaggregated rows (Dynamo's
-    recipes) say nothing of the kind and keep the stack's `auto`, the checkpoint's none
-    (docs/validation/stack-fidelity.md)."""
+    recipes) say nothing of the kind and keep the stack's `auto`: the model's dtype, as the
+    checkpoint gives no KV quantization (docs/validation/stack-fidelity.md)."""
     if not scheduler.fp8_kv_with_fp8_weights:
         return False
     return point.quantization == "fp8" or (
         point.mode == "agg" and point.quantization is None and load_model(point.model).weight_dtype in FP8_WEIGHTS)
-
-
-FP8_WEIGHTS = ("fp8", "fp8_block")
 
 
 def point_config(point: MeasuredPoint, gpu: str, seed: int = 0, scheduler: Scheduler = DEFAULT_SCHEDULER) -> RunConfig:
