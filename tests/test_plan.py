@@ -143,6 +143,48 @@ def test_margin_auto_says_none_is_published(tmp_path: Path, capsys: pytest.Captu
     assert "per million output tokens" in stdout
 
 
+def test_margin_auto_lowers_each_limit_by_its_metrics_published_error(tmp_path: Path,
+                                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    # --backend vllm runs on h100_sxm_vllm, whose profile.json publishes vLLM's held-out TTFT and TPOT error.
+    from simulator.deploy.hardware import load_profile
+
+    published = load_profile("h100_sxm_vllm").meta["held_out_error"]
+    assert 0 < published["tpot"] < published["ttft"] < 1
+    _, stdout = plan_rows(tmp_path, capsys, "--backend", "vllm", "--policy", "chunked", "--max-num-batched-tokens",
+                          "512", "--num-replicas", "1", "--margin", "auto")
+    assert f"TTFT limits {published['ttft']:.1%} lower, TPOT and ITL {published['tpot']:.1%}" in stdout, stdout
+    assert "published for h100_sxm_vllm" in stdout
+    ttft, tpot = 400 * (1 - published["ttft"]), 25 * (1 - published["tpot"])
+    assert f"p99_ttft_ms<={ttft:g}, p90_tpot_ms<={tpot:g} (tightened as above)" in stdout, stdout
+    assert "without the margin the pick would be" in stdout
+
+
+def test_slos_tighten_by_their_own_metrics_share() -> None:
+    from simulator.plan.slo import build_slos
+
+    slos = build_slos(("p99_ttft_ms<=500", "p90_tpot_ms<=20", "mean_e2el_ms<=1000"), None, ("tpot:50",), None)
+    tight = slos.tightened({"ttft": 0.2, "tpot": 0.1})
+    assert [(s.name, round(s.limit * 1e3, 9)) for s in tight.limits] == [
+        ("p99_ttft_ms", 400.0), ("p90_tpot_ms", 18.0), ("mean_e2el_ms", 1000.0)]  # e2el: not named, not tightened
+    assert [(m, round(limit * 1e3, 9)) for m, limit in tight.goodput] == [("tpot", 45.0)]
+    assert [round(s.limit * 1e3, 9) for s in slos.tightened(0.5).limits] == [250.0, 10.0, 500.0]
+
+
+def test_a_malformed_published_error_is_not_used(tmp_path: Path) -> None:
+    import shutil
+
+    from simulator.cli.plan_command import published_margin
+    from simulator.deploy.hardware import load_profile
+
+    for bad in ({"ttft": 1.5, "tpot": 0.1}, {"ttft": "0.2", "tpot": 0.1}, {"ttft": 0.2}, True, -0.1):
+        folder = tmp_path / f"p{len(list(tmp_path.iterdir()))}"
+        shutil.copytree(load_profile("h100_sxm_vllm").path, folder)
+        meta = json.loads((folder / "profile.json").read_text())
+        (folder / "profile.json").write_text(json.dumps(meta | {"held_out_error": bad}))
+        share, said = published_margin([str(folder)], None)
+        assert share == {} and "no held-out error is published" in said, bad
+
+
 def test_with_seeds_a_close_capacity_holds_on_every_seed(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     pinned = ["--policy", "chunked", "--max-num-batched-tokens", "512", "--num-replicas", "1"]
     rows, _ = plan_rows(tmp_path, capsys, *pinned, "--seeds", "3")

@@ -40,23 +40,33 @@ def hourly_costs(texts: tuple[str, ...]) -> dict[str, float]:
     return costs
 
 
-def published_margin(gpus: list[str]) -> tuple[float, str]:
-    """The held-out error a profile's metadata publishes (`held_out_error`, a share), the largest over
-    `gpus`, and what was found."""
-    from simulator.deploy.hardware import load_profile
+def published_margin(gpus: list[str], backends: list[str] | None) -> tuple[dict[str, float], str]:
+    """The held-out error the profiles a plan runs on publish (`held_out_error` in profile.json: a
+    share of TTFT and of TPOT, or one share of both), per SLO metric: TTFT's for ttft, TPOT's for
+    tpot and itl, the larger for e2el; the largest over those profiles (each `--gpu`, as each
+    `--backend` turns it into its stack's profile). Empty where none publishes one."""
+    from simulator.deploy.backends import stack_profile
+    from simulator.deploy.hardware import available_gpus, load_profile
 
-    found = {}
-    for gpu in gpus:
+    shipped = available_gpus()
+    names = sorted({stack_profile(gpu, backend, shipped) for gpu in gpus for backend in backends} if backends
+                   else set(gpus))
+    found: dict[str, tuple[float, float]] = {}
+    for name in names:
         try:
-            value = load_profile(gpu).meta.get("held_out_error")
+            value = load_profile(name).meta.get("held_out_error")
         except InputError:
             continue
-        if isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value < 1:
-            found[gpu] = float(value)
+        shares = (value.get("ttft"), value.get("tpot")) if isinstance(value, dict) else (value, value)
+        if all(isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v < 1 for v in shares):
+            found[name] = (float(shares[0]), float(shares[1]))  # type: ignore[arg-type]
     if not found:
-        return 0.0, f"no held-out error is published for {', '.join(gpus)}: --margin auto is 0"
-    gpu = max(found, key=found.__getitem__)
-    return found[gpu], f"--margin auto: {found[gpu]:.0%}, the held-out error published for {gpu}"
+        return {}, f"no held-out error is published for {', '.join(names)}: --margin auto is 0"
+    ttft, tpot = max(v[0] for v in found.values()), max(v[1] for v in found.values())
+    said = ", ".join(sorted(found))
+    return ({"ttft": ttft, "tpot": tpot, "itl": tpot, "e2el": max(ttft, tpot)},
+            f"--margin auto: TTFT limits {ttft:.1%} lower, TPOT and ITL {tpot:.1%}, E2EL {max(ttft, tpot):.1%}: the "
+            f"held-out error published for {said}")
 
 
 def describe(row: dict[str, Any]) -> str:
@@ -146,8 +156,9 @@ def plan_command(out: Path | None, spec_file: Path | None, max_gpus: int, gpu_ho
         raise InputError(f"--address {quote(address)} is a Ray cluster's: it needs --executor ray")
     slos = build_slos(slo, sla_params, goodput, slo_attainment)
     gpus = [str(g) for g in axes.get("gpu", ["h100_sxm"])]
+    share: float | dict[str, float]
     if margin == "auto":
-        share, said = published_margin(gpus)
+        share, said = published_margin(gpus, [str(b) for b in axes["backend"]] if "backend" in axes else None)
         click.echo(said)
     else:
         share = SettingType("margin", Range(float, 0.0, 0.99, "of each limit")).convert(margin, None, None)
@@ -176,8 +187,8 @@ def plan_command(out: Path | None, spec_file: Path | None, max_gpus: int, gpu_ho
     slo_texts = [s.text() for s in spec.slos.limits]
     if good_limits:
         slo_texts.append(f"{spec.slos.attainment:.3g} of requests meeting {' and '.join(good_limits)}")
-    click.echo(f"SLOs: {', '.join(slo_texts)}"
-               + (f" (tightened {share:.0%})" if share else "")
+    tightened = "" if not share else " (tightened as above)" if isinstance(share, dict) else f" (tightened {share:.0%})"
+    click.echo(f"SLOs: {', '.join(slo_texts)}{tightened}"
                + f"; capacities within {spec.precision:.0%} (the bracket: highest rate met, lowest missed)")
     if not top:
         click.echo(f"no deployment meets the SLOs{' at --rate ' + format(target, 'g') if target else ''}; "

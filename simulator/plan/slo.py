@@ -177,9 +177,14 @@ class Slos:
         allowed = 1 - self.attainment
         return near or (bool(self.goodput) and values["slo_attainment"] <= self.attainment + allowed * share)
 
-    def tightened(self, margin: float) -> Slos:
-        return Slos(tuple(slo.tightened(margin) for slo in self.limits),
-                    tuple((metric, limit * (1 - margin)) for metric, limit in self.goodput), self.attainment)
+    def tightened(self, margin: float | dict[str, float]) -> Slos:
+        """Every limit lowered by the share `margin`, or by its metric's share of it (`METRICS`: a
+        metric it does not name is not tightened)."""
+        def share(metric: str) -> float:
+            return margin.get(metric, 0.0) if isinstance(margin, dict) else margin
+
+        return Slos(tuple(slo.tightened(share(slo.metric)) for slo in self.limits),
+                    tuple((metric, limit * (1 - share(metric))) for metric, limit in self.goodput), self.attainment)
 
     def sla_params(self) -> list[dict[str, str]]:
         """vLLM serve_sla's --sla-params: one SLA of every limit. serve_sla has no joint attainment, so a
