@@ -83,6 +83,26 @@ def group_width(table: pl.DataFrame) -> int:
     return max(30, *(len(group) + 2 for group in table["group"]))
 
 
+IMPOSSIBLE_SHOWN = 10
+
+
+def print_bandwidth(rows: pl.DataFrame) -> None:
+    """The points whose measured decode needs more memory bandwidth than their GPUs have, as rerun
+    (`simulator.sim2real.bandwidth`), the worst first."""
+    shares = rows.group_by("point", maintain_order=True).agg(pl.col("bandwidth_share").first(), pl.col("gpu").first())
+    checked = shares.filter(pl.col("bandwidth_share").is_not_nan())
+    over = checked.filter(pl.col("bandwidth_share") > 1).sort("bandwidth_share", descending=True)
+    if checked.is_empty():
+        return
+    click.echo(f"\ndecode traffic: {over.height} of {checked.height} closed-loop points need more memory bandwidth "
+               "than their GPUs have, rerun as they state (a smaller KV cache, speculative decoding or shorter "
+               "outputs would explain it)" + (":" if over.height else ""))
+    for r in over.head(IMPOSSIBLE_SHOWN).iter_rows(named=True):
+        click.echo(f"  {r['point'][-60:]:<60}{r['bandwidth_share']:>7.0%} of {r['gpu']}'s bandwidth")
+    if over.height > IMPOSSIBLE_SHOWN:
+        click.echo(f"  ... and {over.height - IMPOSSIBLE_SHOWN} more (the `bandwidth_share` column of --out)")
+
+
 def print_skips(skipped: list[tuple[str, str]], total: int) -> None:
     """The skipped rows counted by reason, most first."""
     if not skipped:
@@ -240,6 +260,7 @@ def compare_command(results: tuple[Path, ...], gpu: tuple[str, ...], tensor_para
                        f"  ({r['points']} points)")
         print_held_out(held_out_summary(rows))
         click.echo("\n" + "\n".join(regret_lines(rows)))
+        print_bandwidth(rows)
     print_models(resolver)
     print_notes(notes)
     print_skips(skipped, total)

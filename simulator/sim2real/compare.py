@@ -23,6 +23,7 @@ from simulator.deploy.hardware import available_gpus, load_profile
 from simulator.deploy.model import load_model
 from simulator.errors import InputError
 from simulator.run.clients import ClientRun
+from simulator.sim2real.bandwidth import point_share
 from simulator.sim2real.points import MeasuredPoint
 from simulator.sim2real.replay import Replay, replay_workload
 from simulator.sim2real.silicon import ASSUMED, expert_parallel_modelled
@@ -67,8 +68,10 @@ ROW_SCHEMA = {"point": pl.String, "group": pl.String, "backend": pl.String, "mod
               "model": pl.String,
               "tensor_parallel_size": pl.Int64, "quantization": pl.String, "concurrency": pl.Int64,
               "rate": pl.Float64, "input_len": pl.Float64, "output_len": pl.Float64, "statistic": pl.String,
-              "measured": pl.Float64, "simulated": pl.Float64, "error": pl.Float64}
-"""One row per (point, statistic); times in seconds, throughputs per second."""
+              "measured": pl.Float64, "simulated": pl.Float64, "error": pl.Float64, "bandwidth_share": pl.Float64}
+"""One row per (point, statistic); times in seconds, throughputs per second; `bandwidth_share`, the
+point's: the share of its GPUs' memory bandwidth its measured decode needs as rerun
+(`simulator.sim2real.bandwidth`; above 1, impossible as stated; NaN where not checked)."""
 
 
 def default_profile(system: str, backend: str = "vllm") -> str:
@@ -200,6 +203,7 @@ def compare_point(point: MeasuredPoint, gpu: str, seed: int = 0,
                   scheduler: Scheduler = DEFAULT_SCHEDULER) -> list[dict[str, Any]]:
     """One row per measured statistic of `point`, rerun on `gpu`."""
     simulated = simulated_statistics(rerun(point, gpu, seed, scheduler), set(point.measured))
+    share = point_share(point, point_config(point, gpu, seed, scheduler))
     base = {"point": point.name, "group": point.group, "backend": point.backend, "mode": point.mode, "gpu": gpu,
             "model": point.model,
             "tensor_parallel_size": point.tensor_parallel_size, "quantization": point.quantization or "",
@@ -209,7 +213,8 @@ def compare_point(point: MeasuredPoint, gpu: str, seed: int = 0,
     for statistic, measured in point.measured.items():
         value = simulated.get(statistic, math.nan)
         error = (value - measured) / measured if measured > 0 else math.nan
-        rows.append(base | {"statistic": statistic, "measured": measured, "simulated": value, "error": error})
+        rows.append(base | {"statistic": statistic, "measured": measured, "simulated": value, "error": error,
+                            "bandwidth_share": share})
     return rows
 
 

@@ -1,0 +1,114 @@
+"""Measured points that their GPUs could not have served as stated: a bound on decode traffic.
+
+Each decode step reads, on every GPU, that GPU's share of the weights (a MoE model's routed experts
+at least those of the `k` experts one token is routed to, spread over the server's GPUs) and the KV
+cache of every sequence it decodes, no faster than the GPU's datasheet memory bandwidth `B`. Over a
+measured window of `T` seconds with `S` decode steps of `b_j` sequences each, `N = sum b_j` decode
+tokens (each of a context between `isl + 1` and `isl + osl - 1`) and a mean TPOT of `t`:
+
+- the steps fit in the window: `T B >= S W + N K_mean`, so `S <= (T B - N K_mean) / W`;
+- each sequence waits every step it is in: `N t = sum b_j d_j >= (W N + K_min sum b_j^2) / B`, and
+  `sum b_j^2 >= N^2 / S` (Cauchy-Schwarz);
+
+with `W` the weight bytes a step reads per GPU, `K_min` and `K_mean` the KV bytes per GPU of one
+sequence at its shortest and mean decode context, and `X = N / T` the decode tokens per second:
+
+    t B >= W (1 + X K_min / (B - X K_mean)),   B > X K_mean
+
+The least `B` that meets it is the bandwidth the measurement needs (`W / t + X K_mean` where every
+context is the same); `required_share` is that need over the GPU's (above 1: impossible). For a closed loop
+of `c` clients that send the next request as the last one ends, `X = c (osl - 1) / (TTFT + (osl - 1)
+t)`. A point above 1 ran something it does not state: a smaller KV cache (fp8) than the rerun
+assumes, speculative decoding (fewer steps than tokens), shorter outputs than it says. Prefix-cache
+hits do not lower it (a hit saves prefill, not decode reads). Checked only where the bound holds as
+derived: a closed loop of fixed lengths on one aggregated server without attention data or pipeline
+parallelism, rerun without speculative decoding.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from simulator.config import RunConfig
+from simulator.deploy.hardware import load_gpu
+from simulator.deploy.model import load_model
+from simulator.deploy.spec import ModelSpec
+from simulator.sim2real.points import MeasuredPoint
+
+
+@dataclass(frozen=True)
+class DecodeTraffic:
+    """What one decode step must read on each GPU, and how fast it can."""
+
+    weights: float
+    """Bytes of weights a step reads per GPU (the routed experts' lower bound averaged over GPUs)."""
+    kv_min: float
+    """KV bytes per GPU of one sequence at its shortest decode context (`isl + 1`)."""
+    kv_mean: float
+    """KV bytes per GPU of one sequence, averaged over its decode tokens (contexts `isl + 1 ..
+    isl + osl - 1`)."""
+    bandwidth: float
+    """The GPU's datasheet memory bandwidth, bytes/s."""
+
+
+def step_weight_bytes(model: ModelSpec, tensor_parallel_size: int) -> float:
+    """Weight bytes a decode step reads on each GPU of a `tensor_parallel_size` server: its shard of
+    everything but the routed experts, and of those the `num_experts_per_tok` experts one token needs,
+    spread over the GPUs (however they are split, their bytes sum so)."""
+    shard = model.shard(tensor_parallel_size)
+    if not model.is_moe:
+        return float(shard.weight_bytes_per_step)
+    routed = shard.moe_layers * shard.local_experts * shard.expert_params * shard.expert_weight_bytes
+    needed = model.moe_layers * model.num_experts_per_tok * model.expert_params * model.expert_weight_bytes
+    return shard.weight_bytes_per_step - routed + needed / tensor_parallel_size
+
+
+def mean_kv_bytes(model: ModelSpec, input_len: int, output_len: int) -> float:
+    """KV bytes of one sequence averaged over its decode tokens, at contexts `input_len + 1 ..
+    input_len + output_len - 1` (exact: full layers grow linearly, windowed ones stop at the window)."""
+    steps = output_len - 1
+    full = (input_len + output_len / 2) * model.kv_bytes_per_token
+    if not model.sliding_layers:
+        return full
+    first, last, window = input_len + 1, input_len + steps, model.sliding_window
+    below = max(0, min(last, window) - first + 1)  # contexts under the window, counted as they are
+    under = below * (first + first + below - 1) / 2 + (steps - below) * window
+    return full + model.sliding_layers * model.kv_bytes_per_token_per_layer * under / steps
+
+
+def decode_traffic(point: MeasuredPoint, config: RunConfig) -> DecodeTraffic | None:
+    """The decode traffic of `point` as `config` reruns it (its weights, KV dtype, parallelism and
+    GPU), or None where the bound does not hold as derived (module docstring)."""
+    if (point.mode != "agg" or point.concurrency is None or len(point.input_lens) != 1
+            or len(point.output_lens) != 1 or point.output_lens[0] < 2 or point.attention_dp_size > 1
+            or point.pp_size > 1 or config.data_parallel_size > 1 or config.speculative_method is not None):
+        return None
+    model = load_model(config.model).deployed(config.quantization, config.kv_cache_dtype)
+    tp, isl, osl = config.tensor_parallel_size, point.input_lens[0], point.output_lens[0]
+    shard = model.shard(tp)
+    return DecodeTraffic(step_weight_bytes(model, tp), float(shard.kv_bytes_for_context(isl + 1)),
+                         mean_kv_bytes(shard, isl, osl), load_gpu(config.gpu).datasheet_mem_bw)
+
+
+def required_share(traffic: DecodeTraffic, concurrency: int, output_len: int, ttft: float, tpot: float) -> float:
+    """The memory bandwidth each GPU needs to serve a closed loop of `concurrency` clients at the
+    measured mean `ttft` and `tpot` (seconds), as a share of its own: above 1, no server of that GPU
+    could have. The larger root of `t B^2 - (t X K_mean + W) B + W X (K_mean - K_min) = 0`."""
+    if tpot <= 0 or ttft < 0:
+        return math.nan
+    rate = concurrency * (output_len - 1) / (ttft + (output_len - 1) * tpot)
+    weights, spread = traffic.weights, rate * (traffic.kv_mean - traffic.kv_min)
+    middle = tpot * rate * traffic.kv_mean + weights
+    need = (middle + math.sqrt(max(middle * middle - 4 * tpot * weights * spread, 0.0))) / (2 * tpot)
+    return need / traffic.bandwidth
+
+
+def point_share(point: MeasuredPoint, config: RunConfig) -> float:
+    """`required_share` of a measured point rerun as `config`; NaN where it is not checked (no
+    closed loop, no measured mean TTFT and TPOT, or `decode_traffic` None)."""
+    ttft, tpot = point.measured.get("ttft_mean"), point.measured.get("tpot_mean")
+    traffic = decode_traffic(point, config) if ttft is not None and tpot is not None else None
+    if traffic is None or point.concurrency is None or ttft is None or tpot is None:
+        return math.nan
+    return required_share(traffic, point.concurrency, point.output_lens[0], ttft, tpot)
