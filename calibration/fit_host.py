@@ -31,7 +31,7 @@ import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 import numpy as np
@@ -39,6 +39,10 @@ import polars as pl
 
 from simulator.errors import InputError
 from simulator.outputs.run_folder import remove_stale_scratch, scratch_dir
+
+if TYPE_CHECKING:
+    from simulator.sim2real.points import MeasuredPoint
+    from simulator.sim2real.sweeps import Hypothesis
 
 TERMS = ("step_overhead", "per_sequence_overhead", "per_token_overhead", "client_time")
 UNITS = {"step_overhead": "s per step", "per_sequence_overhead": "s per sequence in a step",
@@ -186,6 +190,29 @@ def median_errors(residuals: pl.DataFrame) -> dict[str, dict[str, float]]:
     return table
 
 
+def served_as_stated(points: list[MeasuredPoint], gpu: str, hypothesis: Hypothesis) -> list[MeasuredPoint]:
+    """`points` less those whose measured decode needs more memory bandwidth than their GPU has, rerun
+    as `hypothesis` says (`simulator.sim2real.bandwidth`): no host time can fit a point that ran
+    something it does not state, and one would pull every term down. Says which it leaves out."""
+    from simulator.sim2real.bandwidth import point_share
+    from simulator.sim2real.compare import point_config
+    from simulator.sim2real.sweeps import Unit
+
+    kept: list[tuple[MeasuredPoint, float]] = []
+    over: list[tuple[MeasuredPoint, float]] = []
+    for point in points:
+        share = point_share(point, point_config(point, gpu, 0, hypothesis.scheduler_for(Unit((point,)))))
+        (over if share > 1 else kept).append((point, share))
+    if over:
+        click.echo(f"left out {len(over)} points whose decode needs more memory bandwidth than the GPU has, rerun as "
+                   "stated: " + ", ".join(f"{p.name} ({share:.0%})" for p, share in over[:5])
+                   + (f" and {len(over) - 5} more" if len(over) > 5 else ""))
+    if not kept:
+        raise InputError(f"every point ({len(points)}) needs more memory bandwidth than its GPU has, rerun as "
+                         "stated (simulator/sim2real/bandwidth.py): nothing to fit")
+    return [point for point, _ in kept]
+
+
 @click.command("fit")
 @click.argument("results", nargs=-1, required=True, type=click.Path(path_type=Path))
 @click.option("--gpu", required=True, help="The profile to fit (shipped name or folder); the points measured on "
@@ -233,12 +260,13 @@ def fit_command(results: tuple[Path, ...], gpu: str, out: Path, fit_tp: tuple[in
     if not points:
         raise InputError(f"no point of {', '.join(str(r) for r in results)} was measured on {name} with "
                          f"--quantization {quantization} and --backend {backend}")
+    hypothesis = Hypothesis(scheduler, num_dataset_entries, sweep)
+    points = served_as_stated(points, str(base), hypothesis)
     fitted = [p for p in points if not fit_tp or p.tensor_parallel_size in fit_tp]
     held_out = [p for p in points if p not in fitted]
     if not fitted:
         raise InputError(f"--fit-tp {' '.join(map(str, fit_tp))}: no point has that tensor parallel size")
     click.echo(f"fitting {len(fitted)} points ({len(held_out)} held out) on {name}...")
-    hypothesis = Hypothesis(scheduler, num_dataset_entries, sweep)
     rerun: Rerun = hypothesis.rerun  # type: ignore[assignment]
     if held_out:
         fit, alone, dropped = fit_held_out(fitted, held_out, base, rerun)

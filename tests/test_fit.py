@@ -69,6 +69,23 @@ def test_a_fitted_profile_loads_in_a_run_and_validate_shows_its_residuals(
     assert printed.count("tpot_mean") >= 5 and "per_sequence_overhead" in printed
 
 
+def test_points_their_gpu_could_not_have_served_are_left_out_of_the_fit(tmp_path: Path,
+                                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    # Qwen3-32B in bf16 over 2 H100s reads 32 GB of weights a step per GPU: 9.8 ms at 3.35 TB/s. A
+    # measured TPOT of 1 ms cannot be fitted by any host time (it would pull every term to 0).
+    good = [ROW | {"id": f"p{i}", "concurrency": str(c)} for i, c in enumerate((4, 8, 16))]
+    data = write_csv(tmp_path / "points.csv", *good, ROW | {"id": "impossible", "silicon_tpot_ms": "1"})
+    code, out, err = outcome(["fit", str(data), "--gpu", "h100_sxm", "--out", str(tmp_path / "fitted")], capsys)
+    assert code == 0, err
+    assert "left out 1 points whose decode needs more memory bandwidth" in out and "impossible (" in out
+    assert "fitting 3 points (0 held out)" in out
+    residuals = json.loads((tmp_path / "fitted" / "profile.json").read_text())["host_overhead_fit"]["residuals"]
+    assert {r["point"] for r in residuals} == {"p0", "p1", "p2"}
+    only = write_csv(tmp_path / "only.csv", ROW | {"id": "impossible", "silicon_tpot_ms": "1"})
+    code, _, err = outcome(["fit", str(only), "--gpu", "h100_sxm", "--out", str(tmp_path / "none")], capsys)
+    assert code != 0 and "every point (1) needs more memory bandwidth" in err and err.count("\n") == 1
+
+
 @pytest.mark.parametrize(("args", "named"), [
     (["--gpu", "h200_sxm"], "no point"),
     (["--gpu", "h100_sxm", "--fit-tp", "3"], "--fit-tp 3"),
