@@ -1,9 +1,11 @@
 """The report of a `simulate compare --out` file: predicted against measured, one panel per statistic.
 
 Each panel puts every point at (measured, simulated) on log axes beside the line where they are
-equal and the lines 10% either side, coloured by group (model on GPU); the page opens with the
-median |error| per group and statistic. The file is untrusted: its columns and their types are
-checked, and every string from it is escaped on the page and in the hover text.
+equal and the lines 10% either side, coloured by group (model on GPU); a point whose measured decode
+needs more memory bandwidth than its GPUs have (`bandwidth_share` above 1, where the file has the
+column: `simulator.sim2real.bandwidth`) is drawn as a cross. The page opens with the median |error|
+per group and statistic. The file is untrusted: its columns and their types are checked, and every
+string from it is escaped on the page and in the hover text.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ from simulator.errors import InputError
 
 COLUMNS = {"point": "string", "group": "string", "statistic": "string", "measured": "numeric",
            "simulated": "numeric", "error": "numeric"}
+OPTIONAL = {"bandwidth_share": "numeric"}
+"""Columns a compare file may lack (one written before they were)."""
 PANELS_PER_ROW = 3
 
 
@@ -33,14 +37,22 @@ def is_compare_file(path: Path) -> bool:
 
 def read_compare_file(path: Path) -> pl.DataFrame:
     schema = pl.read_parquet_schema(path)
-    for name, kind in COLUMNS.items():
+    present = {**COLUMNS, **{name: kind for name, kind in OPTIONAL.items() if name in schema}}
+    for name, kind in present.items():
         dtype = schema[name]
         if not (dtype == pl.String if kind == "string" else dtype.is_numeric()):
             raise InputError(f"{str(path)!r}: column {name} must be {kind}, got {dtype}")
-    rows = pl.read_parquet(path, columns=list(COLUMNS))
+    rows = pl.read_parquet(path, columns=list(present))
     if rows.is_empty():
         raise InputError(f"{str(path)!r} has no rows to draw")
-    return rows
+    if "bandwidth_share" not in rows.columns:
+        rows = rows.with_columns(bandwidth_share=pl.lit(None, dtype=pl.Float64))
+    return rows.with_columns(pl.col("bandwidth_share").cast(pl.Float64))
+
+
+def over_bandwidth() -> pl.Expr:
+    """Whether a row's point needs more memory bandwidth than its GPUs have (NaN: not checked)."""
+    return pl.col("bandwidth_share").fill_nan(None).fill_null(0.0) > 1
 
 
 def compare_figures(rows: pl.DataFrame) -> dict[str, go.Figure]:
@@ -66,10 +78,14 @@ def compare_figures(rows: pl.DataFrame) -> dict[str, go.Figure]:
             part = panel.filter(pl.col("group") == group)
             if part.is_empty():
                 continue
-            text = [f"{html.escape(p)}<br>error {e:+.1%}" for p, e in zip(part["point"], part["error"], strict=True)]
+            over = part.select(over_bandwidth())["bandwidth_share"].to_list()
+            text = [f"{html.escape(p)}<br>error {e:+.1%}"
+                    + (f"<br>decode needs {b:.0%} of its GPUs' memory bandwidth" if x else "")
+                    for p, e, b, x in zip(part["point"], part["error"], part["bandwidth_share"], over, strict=True)]
             fig.add_trace(go.Scatter(x=part["measured"] * scale, y=part["simulated"] * scale, mode="markers",
                                      name=html.escape(group), legendgroup=group, showlegend=i == 0,
-                                     marker={"color": palette[g % len(palette)]}, text=text,
+                                     marker={"color": palette[g % len(palette)],
+                                             "symbol": ["x" if x else "circle" for x in over]}, text=text,
                                      hovertemplate="%{text}<extra></extra>"), row=row, col=col)
         fig.update_xaxes(type="log", title_text=f"measured ({unit})", row=row, col=col)
         fig.update_yaxes(type="log", title_text=f"simulated ({unit})", row=row, col=col)
@@ -83,5 +99,8 @@ def compare_notes(rows: pl.DataFrame) -> str:
     cells = "".join(f"<tr><td>{html.escape(r['group'])}</td><td>{html.escape(r['statistic'])}</td>"
                     f"<td>{r['points']}</td><td>{r['median_abs_error']:.1%}</td></tr>"
                     for r in summary(rows).iter_rows(named=True))
-    return (f"<p>{rows['point'].n_unique()} measured points rerun.</p><table><tr><th>group</th><th>statistic</th>"
-            f"<th>points</th><th>median |error|</th></tr>{cells}</table>")
+    over = rows.filter(over_bandwidth())["point"].n_unique()
+    flagged = (f" {over} of them need more memory bandwidth than their GPUs have, rerun as they state "
+               "(crosses): a KV cache, speculation or output lengths they do not state." if over else "")
+    return (f"<p>{rows['point'].n_unique()} measured points rerun.{flagged}</p><table><tr><th>group</th>"
+            f"<th>statistic</th><th>points</th><th>median |error|</th></tr>{cells}</table>")
