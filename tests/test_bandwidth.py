@@ -17,6 +17,7 @@ from simulator.cli.main import run
 from simulator.deploy.model import load_model
 from simulator.sim2real.bandwidth import (
     DecodeTraffic,
+    decode_rate,
     mean_kv_bytes,
     point_share,
     required_share,
@@ -38,26 +39,26 @@ def test_a_uniform_lockstep_batch_at_exactly_the_bandwidth_needs_all_of_it(weigh
     # (one context for all) at exactly the bandwidth: the bound is met with equality.
     tpot = (weights + batch * kv) / bandwidth
     traffic = DecodeTraffic(weights, kv, kv, bandwidth)
-    output_len = 10**9  # the first token's time is nothing beside the decode
-    assert required_share(traffic, batch, output_len, 0.0, tpot) == pytest.approx(1.0, rel=1e-6)
-    assert required_share(traffic, batch, output_len, 0.0, tpot * 0.99) > 1  # any faster is impossible
-    assert required_share(traffic, batch, output_len, 0.0, tpot * 1.01) < 1
+    assert required_share(traffic, batch / tpot, tpot) == pytest.approx(1.0, rel=1e-6)
+    assert required_share(traffic, batch / (tpot * 0.99), tpot * 0.99) > 1  # any faster is impossible
+    assert required_share(traffic, batch / (tpot * 1.01), tpot * 1.01) < 1
 
 
 def test_the_need_is_the_least_bandwidth_that_meets_the_bound() -> None:
     # 10 clients, 100 decode tokens each in 0.1 + 100 x 0.002 s: 10 x 100 / 0.3 = 3,333.3 tokens/s.
     traffic = DecodeTraffic(weights=1e9, kv_min=1e6, kv_mean=2e6, bandwidth=1e12)
-    share = required_share(traffic, 10, 101, 0.1, 0.002)
-    need, rate = share * 1e12, 10 * 100 / 0.3
+    rate = 10 * 100 / 0.3
+    share = required_share(traffic, rate, 0.002)
+    need = share * 1e12
     # t B = W (1 + X K_min / (B - X K_mean)) holds with equality at the need, and the need is above
     # the KV reads alone.
     assert 0.002 * need == pytest.approx(1e9 * (1 + rate * 1e6 / (need - rate * 2e6)), rel=1e-9)
     assert need > rate * 2e6
     # Every sequence at one context: the weights once a TPOT and every token's KV once.
     same = DecodeTraffic(weights=1e9, kv_min=2e6, kv_mean=2e6, bandwidth=1e12)
-    assert required_share(same, 10, 101, 0.1, 0.002) * 1e12 == pytest.approx(1e9 / 0.002 + rate * 2e6, rel=1e-9)
-    assert share < required_share(same, 10, 101, 0.1, 0.002)  # shorter contexts at times need less
-    assert required_share(traffic, 20, 101, 0.1, 0.002) > share  # more clients at the same latency need more
+    assert required_share(same, rate, 0.002) * 1e12 == pytest.approx(1e9 / 0.002 + rate * 2e6, rel=1e-9)
+    assert share < required_share(same, rate, 0.002)  # shorter contexts at times need less
+    assert required_share(traffic, 2 * rate, 0.002) > share  # more tokens a second at the same TPOT need more
 
 
 @pytest.mark.parametrize("model", ["gpt-oss-120b", "llama-3.1-8b"])
@@ -110,6 +111,20 @@ def test_servesim_s_own_closed_loops_never_need_more_than_the_bandwidth(model: s
     assert 0 < share <= 1
 
 
+def test_the_decode_rate_is_the_measured_one_where_the_file_gives_it() -> None:
+    # 4 clients, 10 tokens each in 0.1 + 9 x 0.01 s: 4 x 9 / 0.19 decode tokens a second, in a
+    # closed loop; a file's throughputs say it directly, the first token of each request not counted.
+    closed = point("llama-3.1-8b", 1, 4, 100, 10, ttft_mean=0.1, tpot_mean=0.01)
+    assert decode_rate(closed) == pytest.approx(4 * 9 / 0.19)
+    measured = closed.measured | {"output_throughput": 150.0, "request_throughput": 15.0}
+    assert decode_rate(replace(closed, measured=measured)) == pytest.approx(135.0)
+    assert decode_rate(replace(closed, measured=closed.measured | {"output_throughput": 150.0})) == pytest.approx(135.0)
+    opened = replace(closed, concurrency=None, rate=2.0)  # an open loop: checked only with its throughput
+    assert decode_rate(opened) is None
+    config = point_config(closed, "h100_sxm_vllm")
+    assert 0 < point_share(replace(opened, measured=measured), config) < 1
+
+
 def test_what_is_not_checked_is_nan() -> None:
     closed = point("llama-3.1-8b", 1, 4, 100, 10, ttft_mean=0.1, tpot_mean=0.01)
     config = point_config(closed, "h100_sxm_vllm")
@@ -139,7 +154,7 @@ def test_compare_names_the_points_faster_than_their_gpus_memory(tmp_path: Path,
     out = capsys.readouterr().out
     assert codes == [0]
     flagged = out.split("decode traffic: ", 1)[1].split("\n\n", 1)[0]
-    assert flagged.startswith("1 of 2 closed-loop points")
+    assert flagged.startswith("1 of 2 checked points")
     assert "too_fast" in flagged and "slow_enough" not in flagged
 
 

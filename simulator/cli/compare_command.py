@@ -94,7 +94,7 @@ def print_bandwidth(rows: pl.DataFrame) -> None:
     over = checked.filter(pl.col("bandwidth_share") > 1).sort("bandwidth_share", descending=True)
     if checked.is_empty():
         return
-    click.echo(f"\ndecode traffic: {over.height} of {checked.height} closed-loop points need more memory bandwidth "
+    click.echo(f"\ndecode traffic: {over.height} of {checked.height} checked points need more memory bandwidth "
                "than their GPUs have, rerun as they state (a smaller KV cache, speculative decoding or shorter "
                "outputs would explain it)" + (":" if over.height else ""))
     for r in over.head(IMPOSSIBLE_SHOWN).iter_rows(named=True):

@@ -16,12 +16,14 @@ sequence at its shortest and mean decode context, and `X = N / T` the decode tok
     t B >= W (1 + X K_min / (B - X K_mean)),   B > X K_mean
 
 The least `B` that meets it is the bandwidth the measurement needs (`W / t + X K_mean` where every
-context is the same); `required_share` is that need over the GPU's (above 1: impossible). For a closed loop
-of `c` clients that send the next request as the last one ends, `X = c (osl - 1) / (TTFT + (osl - 1)
-t)`. A point above 1 ran something it does not state: a smaller KV cache (fp8) than the rerun
-assumes, speculative decoding (fewer steps than tokens), shorter outputs than it says. Prefix-cache
-hits do not lower it (a hit saves prefill, not decode reads). Checked only where the bound holds as
-derived: a closed loop of fixed lengths on one aggregated server without attention data or pipeline
+context is the same); `required_share` is that need over the GPU's (above 1: impossible). `X` is the
+measured output throughput less the request throughput (each request's first token is its prompt's,
+not a decode step's) where the file gives them (vLLM's results, aiperf's exports), else, for a
+closed loop of `c` clients that send the next request as the last one ends, `c (osl - 1) / (TTFT +
+(osl - 1) t)`. A point above 1 ran something it does not state: a smaller KV cache (fp8) than the
+rerun assumes, speculative decoding (fewer steps than tokens), shorter outputs than it says.
+Prefix-cache hits do not lower it (a hit saves prefill, not decode reads). Checked only where the
+bound holds as derived: fixed lengths on one aggregated server without attention data or pipeline
 parallelism, rerun without speculative decoding.
 """
 
@@ -80,7 +82,7 @@ def mean_kv_bytes(model: ModelSpec, input_len: int, output_len: int) -> float:
 def decode_traffic(point: MeasuredPoint, config: RunConfig) -> DecodeTraffic | None:
     """The decode traffic of `point` as `config` reruns it (its weights, KV dtype, parallelism and
     GPU), or None where the bound does not hold as derived (module docstring)."""
-    if (point.mode != "agg" or point.concurrency is None or len(point.input_lens) != 1
+    if (point.mode != "agg" or len(point.input_lens) != 1
             or len(point.output_lens) != 1 or point.output_lens[0] < 2 or point.attention_dp_size > 1
             or point.pp_size > 1 or config.data_parallel_size > 1 or config.speculative_method is not None):
         return None
@@ -91,13 +93,26 @@ def decode_traffic(point: MeasuredPoint, config: RunConfig) -> DecodeTraffic | N
                          mean_kv_bytes(shard, isl, osl), load_gpu(config.gpu).datasheet_mem_bw)
 
 
-def required_share(traffic: DecodeTraffic, concurrency: int, output_len: int, ttft: float, tpot: float) -> float:
-    """The memory bandwidth each GPU needs to serve a closed loop of `concurrency` clients at the
-    measured mean `ttft` and `tpot` (seconds), as a share of its own: above 1, no server of that GPU
-    could have. The larger root of `t B^2 - (t X K_mean + W) B + W X (K_mean - K_min) = 0`."""
-    if tpot <= 0 or ttft < 0:
+def decode_rate(point: MeasuredPoint) -> float | None:
+    """Decode tokens per second of `point`, measured (output less request throughput, or the
+    output throughput's decode share) where the file gives it, else its closed loop's (module
+    docstring); None for an open loop that gives no throughput."""
+    measured, output_len = point.measured, point.output_lens[0]
+    if "output_throughput" in measured:
+        if "request_throughput" in measured:
+            return measured["output_throughput"] - measured["request_throughput"]
+        return measured["output_throughput"] * (output_len - 1) / output_len
+    if point.concurrency is None or measured["ttft_mean"] < 0 or measured["tpot_mean"] <= 0:
+        return None
+    return point.concurrency * (output_len - 1) / (measured["ttft_mean"] + (output_len - 1) * measured["tpot_mean"])
+
+
+def required_share(traffic: DecodeTraffic, rate: float, tpot: float) -> float:
+    """The memory bandwidth each GPU needs to decode `rate` tokens a second at the measured mean
+    `tpot` (seconds), as a share of its own: above 1, no server of that GPU could have. The larger
+    root of `t B^2 - (t X K_mean + W) B + W X (K_mean - K_min) = 0`."""
+    if tpot <= 0 or rate < 0:
         return math.nan
-    rate = concurrency * (output_len - 1) / (ttft + (output_len - 1) * tpot)
     weights, spread = traffic.weights, rate * (traffic.kv_mean - traffic.kv_min)
     middle = tpot * rate * traffic.kv_mean + weights
     need = (middle + math.sqrt(max(middle * middle - 4 * tpot * weights * spread, 0.0))) / (2 * tpot)
@@ -106,9 +121,11 @@ def required_share(traffic: DecodeTraffic, concurrency: int, output_len: int, tt
 
 def point_share(point: MeasuredPoint, config: RunConfig) -> float:
     """`required_share` of a measured point rerun as `config`; NaN where it is not checked (no
-    closed loop, no measured mean TTFT and TPOT, or `decode_traffic` None)."""
-    ttft, tpot = point.measured.get("ttft_mean"), point.measured.get("tpot_mean")
-    traffic = decode_traffic(point, config) if ttft is not None and tpot is not None else None
-    if traffic is None or point.concurrency is None or ttft is None or tpot is None:
+    measured mean TTFT and TPOT, no decode rate, or `decode_traffic` None)."""
+    if "ttft_mean" not in point.measured or "tpot_mean" not in point.measured:
         return math.nan
-    return required_share(traffic, point.concurrency, point.output_lens[0], ttft, tpot)
+    traffic = decode_traffic(point, config)
+    rate = decode_rate(point) if traffic is not None else None
+    if traffic is None or rate is None:
+        return math.nan
+    return required_share(traffic, rate, point.measured["tpot_mean"])
