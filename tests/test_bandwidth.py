@@ -14,14 +14,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from simulator.cli.main import run
+from simulator.cost.operators import weight_bytes_read
 from simulator.deploy.model import load_model
 from simulator.sim2real.bandwidth import (
     DecodeTraffic,
     decode_rate,
+    decode_traffic,
     mean_kv_bytes,
     point_share,
     required_share,
-    step_weight_bytes,
 )
 from simulator.sim2real.compare import point_config, rerun, simulated_statistics
 from simulator.sim2real.points import MeasuredPoint
@@ -74,17 +75,21 @@ def test_mean_kv_is_the_mean_over_the_decode_contexts(model: str, input_len: int
 
 @pytest.mark.parametrize("tp", [1, 2, 4, 8])
 def test_routed_experts_count_as_the_experts_a_token_reads_spread_over_the_gpus(tp: int) -> None:
+    # The bound's weights: what a step of one token reads on each GPU (`decode_traffic`).
     model = load_model("gpt-oss-120b")
     # Routed to every expert, a step reads all of them: the whole shard.
     every = replace(model, num_experts_per_tok=model.num_experts)
-    assert step_weight_bytes(every, tp) == pytest.approx(every.shard(tp).weight_bytes_per_step, rel=1e-9)
+    assert weight_bytes_read(every.shard(tp), 1) == pytest.approx(every.shard(tp).weight_bytes_per_step, rel=1e-9)
     # Routed to k of them: the shard less (experts - k) / experts of the routed weights.
     shard = model.shard(tp)
     routed = shard.moe_layers * shard.local_experts * shard.expert_params * shard.expert_weight_bytes
     unread = routed * (model.num_experts - model.num_experts_per_tok) / model.num_experts
-    assert step_weight_bytes(model, tp) == pytest.approx(shard.weight_bytes_per_step - unread, rel=1e-9)
+    assert weight_bytes_read(shard, 1) == pytest.approx(shard.weight_bytes_per_step - unread, rel=1e-9)
     dense = load_model("llama-3.1-8b")
-    assert step_weight_bytes(dense, tp) == dense.shard(tp).weight_bytes_per_step
+    assert weight_bytes_read(dense.shard(tp), 1) == dense.shard(tp).weight_bytes_per_step
+    measured = point("gpt-oss-120b", tp, 4, 100, 10, ttft_mean=0.1, tpot_mean=0.01)
+    traffic = decode_traffic(measured, point_config(measured, "h100_sxm_vllm"))
+    assert traffic is not None and traffic.weights == pytest.approx(shard.weight_bytes_per_step - unread, rel=1e-9)
 
 
 def point(model: str, tp: int, concurrency: int, input_len: int, output_len: int, backend: str = "vllm",

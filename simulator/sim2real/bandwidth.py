@@ -33,6 +33,7 @@ import math
 from dataclasses import dataclass
 
 from simulator.config import RunConfig
+from simulator.cost.operators import weight_bytes_read
 from simulator.deploy.hardware import load_gpu
 from simulator.deploy.model import load_model
 from simulator.deploy.spec import ModelSpec
@@ -52,18 +53,6 @@ class DecodeTraffic:
     isl + osl - 1`)."""
     bandwidth: float
     """The GPU's datasheet memory bandwidth, bytes/s."""
-
-
-def step_weight_bytes(model: ModelSpec, tensor_parallel_size: int) -> float:
-    """Weight bytes a decode step reads on each GPU of a `tensor_parallel_size` server: its shard of
-    everything but the routed experts, and of those the `num_experts_per_tok` experts one token needs,
-    spread over the GPUs (however they are split, their bytes sum so)."""
-    shard = model.shard(tensor_parallel_size)
-    if not model.is_moe:
-        return float(shard.weight_bytes_per_step)
-    routed = shard.moe_layers * shard.local_experts * shard.expert_params * shard.expert_weight_bytes
-    needed = model.moe_layers * model.num_experts_per_tok * model.expert_params * model.expert_weight_bytes
-    return shard.weight_bytes_per_step - routed + needed / tensor_parallel_size
 
 
 def mean_kv_bytes(model: ModelSpec, input_len: int, output_len: int) -> float:
@@ -89,7 +78,8 @@ def decode_traffic(point: MeasuredPoint, config: RunConfig) -> DecodeTraffic | N
     model = load_model(config.model).deployed(config.quantization, config.kv_cache_dtype)
     tp, isl, osl = config.tensor_parallel_size, point.input_lens[0], point.output_lens[0]
     shard = model.shard(tp)
-    return DecodeTraffic(step_weight_bytes(model, tp), float(shard.kv_bytes_for_context(isl + 1)),
+    # One token's step is the least any step reads: the routed experts of one token, spread over the GPUs.
+    return DecodeTraffic(weight_bytes_read(shard, 1), float(shard.kv_bytes_for_context(isl + 1)),
                          mean_kv_bytes(shard, isl, osl), load_gpu(config.gpu).datasheet_mem_bw)
 
 
@@ -124,8 +114,8 @@ def point_share(point: MeasuredPoint, config: RunConfig) -> float:
     measured mean TTFT and TPOT, no decode rate, or `decode_traffic` None)."""
     if "ttft_mean" not in point.measured or "tpot_mean" not in point.measured:
         return math.nan
-    traffic = decode_traffic(point, config)
-    rate = decode_rate(point) if traffic is not None else None
-    if traffic is None or rate is None:
+    rate = decode_rate(point)
+    traffic = decode_traffic(point, config) if rate is not None else None
+    if rate is None or traffic is None:
         return math.nan
     return required_share(traffic, rate, point.measured["tpot_mean"])

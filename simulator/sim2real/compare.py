@@ -177,10 +177,15 @@ def point_workload(point: MeasuredPoint, seed: int = 0) -> Workload:
 
 def rerun(point: MeasuredPoint, gpu: str, seed: int = 0, scheduler: Scheduler = DEFAULT_SCHEDULER) -> Replay:
     """`point` rerun on profile `gpu` as its client sent it."""
-    workload = point_workload(point, seed)
+    return rerun_as(point, point_config(point, gpu, seed, scheduler))
+
+
+def rerun_as(point: MeasuredPoint, config: RunConfig) -> Replay:
+    """`point` rerun as `config` (its `point_config`) deploys it, as its client sent it."""
+    workload = point_workload(point, config.seed)
     concurrency = point.concurrency if point.concurrency is not None else workload.num_requests
-    client = ClientRun(concurrency, point.warmup, point.num_requests, client_time(gpu))
-    return replay_workload(point_config(point, gpu, seed, scheduler), client, workload)
+    client = ClientRun(concurrency, point.warmup, point.num_requests, client_time(config.gpu))
+    return replay_workload(config, client, workload)
 
 
 def simulated_statistics(run: Replay, wanted: set[str]) -> dict[str, float]:
@@ -202,8 +207,9 @@ def simulated_statistics(run: Replay, wanted: set[str]) -> dict[str, float]:
 def compare_point(point: MeasuredPoint, gpu: str, seed: int = 0,
                   scheduler: Scheduler = DEFAULT_SCHEDULER) -> list[dict[str, Any]]:
     """One row per measured statistic of `point`, rerun on `gpu`."""
-    simulated = simulated_statistics(rerun(point, gpu, seed, scheduler), set(point.measured))
-    share = point_share(point, point_config(point, gpu, seed, scheduler))
+    config = point_config(point, gpu, seed, scheduler)
+    simulated = simulated_statistics(rerun_as(point, config), set(point.measured))
+    share = point_share(point, config)
     base = {"point": point.name, "group": point.group, "backend": point.backend, "mode": point.mode, "gpu": gpu,
             "model": point.model,
             "tensor_parallel_size": point.tensor_parallel_size, "quantization": point.quantization or "",
