@@ -193,6 +193,41 @@ def test_malformed_profile_tables(table: str, data: st.DataObject) -> None:
         assert outcome.code == 0 or f"{table}.parquet" in outcome.err, outcome
 
 
+COMPARE_ROWS = {"point": ["a", "a", "b", "b"], "group": ["g"] * 4,
+                "statistic": ["ttft_mean", "tpot_mean", "ttft_mean", "tpot_mean"],
+                "measured": [0.2, 0.01, 0.3, 0.02], "simulated": [0.25, 0.011, 0.2, 0.03],
+                "error": [0.25, 0.1, -0.33, 0.5], "bandwidth_share": [0.4, 0.4, 1.3, 1.3]}
+"""A `simulate compare --out` file, as `simulate report` reads it."""
+
+
+@fuzz_settings(ci_examples=20)
+@given(data=st.data())
+def test_malformed_compare_files(data: st.DataObject) -> None:
+    """One cell of a compare file changed to null or an edge of its type, a column retyped, or the
+    file garbage: `simulate report` draws it or refuses in one line naming the file."""
+    with tempfile.TemporaryDirectory() as scratch, in_folder(Path(scratch)) as folder:
+        path = folder / "rows.parquet"
+        frame = pl.DataFrame(COMPARE_ROWS)
+        choice = data.draw(st.integers(0, 5))
+        if choice == 0:
+            path.write_bytes(data.draw(GARBAGE))
+        else:
+            column = data.draw(st.sampled_from(frame.columns))
+            if choice == 1:  # the column as text
+                frame = frame.with_columns(pl.col(column).cast(pl.String))
+            else:
+                cells = frame[column].to_list()
+                edges = ([None, 0.0, -1.0, math.nan, math.inf, -math.inf, 1e308, 1e-300]
+                         if frame[column].dtype.is_float() else [None, "", "\u202e<script>alert(1)", Huge("x" * 10**5)])
+                cells[data.draw(st.integers(0, len(cells) - 1))] = data.draw(st.sampled_from(edges))
+                frame = frame.with_columns(pl.Series(column, cells, dtype=frame[column].dtype))
+            frame.write_parquet(path)
+        outcome = outcome_in(folder, ["report", "rows.parquet"])
+        assert outcome.code == 0 or "rows.parquet" in outcome.err, outcome
+        if outcome.code == 0:
+            assert "<script>alert(1)" not in (folder / "rows.html").read_text()
+
+
 VLLM = {"model_id": "meta-llama/Llama-3.1-8B-Instruct", "num_prompts": 4, "request_rate": "inf", "burstiness": 1.0,
         "max_concurrency": 2, "completed": 4, "total_input_tokens": 400, "total_output_tokens": 40,
         "request_throughput": 4.0, "output_throughput": 40.0, "mean_ttft_ms": 20.0, "mean_tpot_ms": 9.0}

@@ -45,6 +45,9 @@ def read_compare_file(path: Path) -> pl.DataFrame:
     rows = pl.read_parquet(path, columns=list(present))
     if rows.is_empty():
         raise InputError(f"{str(path)!r} has no rows to draw")
+    for name in COLUMNS:
+        if empty := rows[name].null_count():
+            raise InputError(f"{str(path)!r}: column {name} has {empty} empty cells")
     if "bandwidth_share" not in rows.columns:
         rows = rows.with_columns(bandwidth_share=pl.lit(None, dtype=pl.Float64))
     return rows.with_columns(pl.col("bandwidth_share").cast(pl.Float64))
