@@ -124,6 +124,7 @@ def test_the_decode_rate_is_the_measured_one_where_the_file_gives_it() -> None:
     measured = closed.measured | {"output_throughput": 150.0, "request_throughput": 15.0}
     assert decode_rate(replace(closed, measured=measured)) == pytest.approx(135.0)
     assert decode_rate(replace(closed, measured=closed.measured | {"output_throughput": 150.0})) == pytest.approx(135.0)
+    assert decode_rate(replace(closed, output_lens=(1,), measured={"ttft_mean": 0.0, "tpot_mean": 0.01})) is None
     opened = replace(closed, concurrency=None, rate=2.0)  # an open loop: checked only with its throughput
     assert decode_rate(opened) is None
     config = point_config(closed, "h100_sxm_vllm")

@@ -86,8 +86,10 @@ def decode_traffic(point: MeasuredPoint, config: RunConfig) -> DecodeTraffic | N
 def decode_rate(point: MeasuredPoint) -> float | None:
     """Decode tokens per second of `point`, measured (output less request throughput, or the
     output throughput's decode share) where the file gives it, else its closed loop's (module
-    docstring); None for an open loop that gives no throughput."""
+    docstring); None for an open loop that gives no throughput, or outputs of one token (no decode)."""
     measured, output_len = point.measured, point.output_lens[0]
+    if output_len < 2:
+        return None
     if "output_throughput" in measured:
         if "request_throughput" in measured:
             return measured["output_throughput"] - measured["request_throughput"]
