@@ -6,7 +6,8 @@ row's deployment (tools/accuracy_regression_testing/predict_silicon_sample.py in
 `predict` does the same, falling back to aiconfigurator's default database wherever the row's
 stack version is refused (0.12 ships one version per stack and GPU), in a Python that has
 aiconfigurator installed (it imports nothing of servesim's), and writes one CSV line per table
-row: aiconfigurator's TTFT and TPOT in ms, or why it gave none. `side-by-side` reads that beside a
+row: aiconfigurator's TTFT and TPOT in ms, or why it gave none (a deployment the table measured
+more than once is asked for once). `side-by-side` reads that beside a
 `simulate compare --out` file of the same table and prints, per stack, the median |error| of mean
 TTFT and TPOT of both on the rows both predicted: all of them, and those no servesim profile's
 host fit used (`fitted_by_profile`). aiconfigurator is calibrated on this table, so every row is
@@ -56,21 +57,30 @@ def predict(silicon: Path) -> None:
 
     writer = csv.DictWriter(sys.stdout, fieldnames=PEER_COLUMNS)
     writer.writeheader()
+    done: dict[tuple[tuple[str, Any], ...], dict[str, str]] = {}  # the table measures many deployments twice
     with silicon.open(newline="") as f:
         for row in csv.DictReader(f):
-            line = {"id": row["id"], "ttft_ms": "", "tpot_ms": "", "database": "", "reason": ""}
             args = estimate_args(row)
-            for version in dict.fromkeys((args["backend_version"], None)):  # the row's database, then the default
-                try:
-                    with contextlib.redirect_stdout(sys.stderr):
-                        result = cli_estimate(**{**args, "backend_version": version})
-                except Exception as error:  # any refusal is the row's reason
-                    line["reason"] = f"{type(error).__name__}: {error}".splitlines()[0][:300]
-                    continue
-                line.update(ttft_ms=f"{result.ttft:.6f}", tpot_ms=f"{result.tpot:.6f}", reason="",
-                            database=version or "default")
-                break
-            writer.writerow(line)
+            key = tuple(sorted(args.items()))
+            if key not in done:
+                done[key] = estimate(cli_estimate, args)
+            writer.writerow({"id": row["id"], **done[key]})
+
+
+def estimate(cli_estimate: Any, args: dict[str, Any]) -> dict[str, str]:
+    """aiconfigurator's TTFT and TPOT (ms) for one deployment, from the row's database or else its
+    default one, or the reason it gave none."""
+    line = {"ttft_ms": "", "tpot_ms": "", "database": "", "reason": ""}
+    for version in dict.fromkeys((args["backend_version"], None)):  # the row's database, then the default
+        try:
+            with contextlib.redirect_stdout(sys.stderr):
+                result = cli_estimate(**{**args, "backend_version": version})
+        except Exception as error:  # any refusal is the row's reason
+            line["reason"] = f"{type(error).__name__}: {error}".splitlines()[0][:300]
+            continue
+        return {"ttft_ms": f"{result.ttft:.6f}", "tpot_ms": f"{result.tpot:.6f}", "database": version or "default",
+                "reason": ""}
+    return line
 
 
 def common_rows(compare: Any, peer: Any) -> tuple[Any, Any]:

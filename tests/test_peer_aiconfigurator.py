@@ -3,12 +3,17 @@ gate maps them, and the medians are the ones computed by hand on a tiny table.""
 
 from __future__ import annotations
 
+import csv
+import io
 import math
+import sys
+from pathlib import Path
+from types import ModuleType, SimpleNamespace
 
 import polars as pl
 import pytest
 
-from benchmarks.peer_aiconfigurator import estimate_args, regrets, side_by_side
+from benchmarks.peer_aiconfigurator import estimate_args, predict, regrets, side_by_side
 
 ROW = {"id": "r", "mode": "agg", "model_path": "Qwen/Qwen3-32B", "system": "h100_sxm", "backend": "vllm",
        "backend_version": "", "isl": "4000", "osl": "500", "gemm_quant_mode": "", "moe_quant_mode": "",
@@ -78,3 +83,41 @@ def test_each_tool_plans_from_its_own_predictions_on_the_same_cases() -> None:
     peer = pl.DataFrame({"id": ["A", "B"], "ttft_ms": ["100", "100"], "tpot_ms": ["10", "5"]})
     table = regrets(compare, peer).row(0, named=True)
     assert table["cases"] == 3 and table["servesim"] == 0.0 and table["aiconfigurator"] == 1.0
+
+
+def test_predict_writes_a_line_per_row_falls_back_to_the_default_database_and_asks_once_per_deployment(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """A stand-in for aiconfigurator's `cli_estimate` that refuses the 0.12.0 database and any TP 3:
+    the row of 0.12.0 is predicted from the default database, the TP 3 row gets the refusal as its
+    reason, and the row that repeats a deployment is asked for once."""
+    calls: list[dict] = []
+
+    def cli_estimate(**kwargs: object) -> SimpleNamespace:
+        calls.append(kwargs)
+        if kwargs["backend_version"] == "0.12.0":
+            raise ValueError("no database vllm 0.12.0\nsecond line")
+        if kwargs["tp_size"] == 3:
+            raise AssertionError("num_heads 64 should be divisible by tp_size 3")
+        return SimpleNamespace(ttft=100.0 * float(kwargs["tp_size"]), tpot=10.0)  # type: ignore[arg-type]
+
+    api = ModuleType("aiconfigurator.cli.api")
+    api.cli_estimate = cli_estimate  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "aiconfigurator", ModuleType("aiconfigurator"))
+    monkeypatch.setitem(sys.modules, "aiconfigurator.cli", ModuleType("aiconfigurator.cli"))
+    monkeypatch.setitem(sys.modules, "aiconfigurator.cli.api", api)
+    rows = [{**ROW, "id": "a", "backend_version": "0.12.0"}, {**ROW, "id": "b", "tp_size": "3"},
+            {**ROW, "id": "c", "backend_version": "0.12.0"}]
+    silicon = tmp_path / "silicon.csv"
+    with silicon.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(ROW))
+        writer.writeheader()
+        writer.writerows(rows)
+    predict(silicon)
+    lines = list(csv.DictReader(io.StringIO(capsys.readouterr().out)))
+    assert [line["id"] for line in lines] == ["a", "b", "c"]
+    assert lines[0] == lines[2] | {"id": "a"}
+    assert (lines[0]["ttft_ms"], lines[0]["tpot_ms"], lines[0]["database"], lines[0]["reason"]) == (
+        "200.000000", "10.000000", "default", "")
+    assert lines[1]["ttft_ms"] == ""
+    assert lines[1]["reason"] == "AssertionError: num_heads 64 should be divisible by tp_size 3"
+    assert len(calls) == 2 + 1  # a: 0.12.0 then the default; b: no version of its own, once; c: a's answer
