@@ -10,7 +10,7 @@ row: aiconfigurator's TTFT and TPOT in ms, or why it gave none (a deployment the
 more than once is asked for once). `side-by-side` reads that beside a
 `simulate compare --out` file of the same table and prints, per stack, the median |error| of mean
 TTFT and TPOT of both on the rows both predicted: all of them, and those no servesim profile's
-host fit used (`fitted_by_profile`). aiconfigurator is calibrated on this table, so every row is
+host fit used (`with_fitted`). aiconfigurator is calibrated on this table, so every row is
 in its sample.
 
     python benchmarks/peer_aiconfigurator.py predict [--silicon CSV] > aiconfigurator.csv
@@ -104,14 +104,10 @@ def side_by_side(compare: Any, peer: Any, by: tuple[str, ...] = ("backend",)) ->
     and each one's median |error| of mean TTFT and TPOT (`common_rows`)."""
     import polars as pl
 
-    from simulator.sim2real.compare import fitted_by_profile
+    from simulator.sim2real.compare import with_fitted
 
-    keys = ("gpu", "backend", "mode", "quantization", "tensor_parallel_size")
     ours, theirs = common_rows(compare, peer)
-    flags = {key: fitted_by_profile(dict(zip(keys, key, strict=True))) for key in ours.select(*keys).unique().rows()}
-    both = (ours.join(theirs.select("point", "statistic", peer="simulated"), on=["point", "statistic"])
-            .with_columns(held_out=~pl.struct(*keys).map_elements(lambda r: flags[tuple(r[k] for k in keys)],
-                                                                  return_dtype=pl.Boolean)))
+    both = with_fitted(ours.join(theirs.select("point", "statistic", peer="simulated"), on=["point", "statistic"]))
 
     def error(predicted: str, statistic: str) -> pl.Expr:
         chosen = pl.col("statistic") == statistic
@@ -121,7 +117,8 @@ def side_by_side(compare: Any, peer: Any, by: tuple[str, ...] = ("backend",)) ->
                error("peer", "ttft_mean").alias("aiconfigurator_ttft"),
                error("simulated", "tpot_mean").alias("servesim_tpot"),
                error("peer", "tpot_mean").alias("aiconfigurator_tpot")]
-    scopes = [both.with_columns(scope=pl.lit("all")), both.filter("held_out").with_columns(scope=pl.lit("held out"))]
+    scopes = [both.with_columns(scope=pl.lit("all")),
+              both.filter(~pl.col("fitted")).with_columns(scope=pl.lit("held out"))]
     return pl.concat([part.group_by(*by, "scope").agg(medians) for part in scopes]).sort(*by, "scope")
 
 

@@ -270,6 +270,15 @@ def fitted_by_profile(row: dict[str, Any]) -> bool:
             and (sizes == "all" or row["tensor_parallel_size"] in (sizes or ())))
 
 
+def with_fitted(rows: pl.DataFrame) -> pl.DataFrame:
+    """Compare rows with a `fitted` column: whether the row's profile's host fit used it
+    (`fitted_by_profile`, asked once per deployment)."""
+    keys = ("gpu", "backend", "mode", "quantization", "tensor_parallel_size")
+    flags = {key: fitted_by_profile(dict(zip(keys, key, strict=True))) for key in rows.select(*keys).unique().rows()}
+    return rows.with_columns(
+        fitted=pl.struct(*keys).map_elements(lambda r: flags[tuple(r[k] for k in keys)], return_dtype=pl.Boolean))
+
+
 ALL_STATED = "all, workers stated"
 """The per-stack line over the rows that say their deployment: the guessed ones left out."""
 
@@ -277,10 +286,7 @@ ALL_STATED = "all, workers stated"
 def held_out_summary(rows: pl.DataFrame) -> pl.DataFrame:
     """Median |error| per stack (group `all`; `ALL_STATED` too where some rows' deployment was assumed)
     and per group of it, statistic and whether the profile's fit used the row (`fitted_by_profile`)."""
-    keys = ("gpu", "backend", "mode", "quantization", "tensor_parallel_size")
-    flags = {key: fitted_by_profile(dict(zip(keys, key, strict=True))) for key in rows.select(*keys).unique().rows()}
-    marked = rows.filter(pl.col("error").is_not_nan()).with_columns(
-        fitted=pl.struct(*keys).map_elements(lambda r: flags[tuple(r[k] for k in keys)], return_dtype=pl.Boolean))
+    marked = with_fitted(rows.filter(pl.col("error").is_not_nan()))
     assumed = pl.col("group").str.ends_with(ASSUMED)
     guessing = marked.filter(assumed)["backend"].unique().to_list()  # the stacks with rows of assumed workers
     stated = marked.filter(~assumed & pl.col("backend").is_in(guessing))
