@@ -19,6 +19,7 @@ import pytest
 from simulator.config import RunConfig
 from simulator.cost import (
     BatchCurves,
+    Curve,
     GemmTable,
     MeasuredCost,
     RooflineCost,
@@ -78,6 +79,61 @@ def test_prefill_attention_held_out_lengths() -> None:
                  for r in test.iter_rows(named=True)]
     assert test.height >= 20
     assert median_error(predicted, test["latency"].to_list()) < 0.06
+
+
+def test_a_curve_past_its_last_point_at_its_own_rate_between_floor_and_roofline() -> None:
+    # Two points, 0.8 ms per 1000 x on the last segment; at 3000 the extra 1000 costs the last rate
+    # where the roofline's is slower, the roofline's where that is faster, and never under the floor.
+    curve = Curve("k", (1000.0, 2000.0), (1.0, 1.8))
+    record: Counter[str] = Counter()
+    assert curve.at(3000, lambda x: 1e-3 * x, record) == pytest.approx(2.8)  # no floor: the roofline, as ever
+    assert curve.at(3000, lambda x: 1e-3 * x, record, lambda x: 1e-4 * x) == pytest.approx(2.6)
+    assert curve.at(3000, lambda x: 5e-4 * x, record, lambda x: 1e-4 * x) == pytest.approx(2.3)
+    assert curve.at(3000, lambda x: 1e-3 * x, record, lambda x: 9e-4 * x) == pytest.approx(2.7)
+    assert curve.at(1500, lambda x: 1e-3 * x, record, lambda x: 9e-4 * x) == pytest.approx(1.4)  # inside: measured
+    assert record == Counter({"k above measured 2000": 4})
+
+
+@pytest.mark.parametrize("gpu", ["h100_sxm_vllm", "h100_sxm_sglang", "h100_sxm_trtllm",
+                                 "h200_sxm_vllm", "h200_sxm_sglang", "h200_sxm_trtllm"])
+def test_decode_attention_past_the_measured_contexts_held_out(gpu: str) -> None:
+    # Each stack's tables stop at a batch's largest context (vLLM's H200 rows at 2,048 tokens for
+    # 128 sequences); leave out every batch's two largest (batch >= 32, Llama-3.1-8B's heads) and
+    # price them from the rest, as a step past the tables is priced. The kernels' own last rate
+    # (within 2-4x of the edge): median |error| 1.7-6.5% per stack, where the roofline's
+    # profile-wide rate prices them 12-26% too slow.
+    cost = measured_cost(LLAMA_3_1_8B, gpu)
+    heads = LLAMA_HEADS & (pl.col("head_dim") == 128) & (pl.col("batch_size") >= 32)
+    decode = load_profile(gpu).tables["decode_attention"].filter(heads)
+    held = pl.col("context") >= pl.col("context").max().over("batch_size") // 2
+    curves = BatchCurves.from_frame("decode", decode.filter(~held), "context")
+    test = decode.filter(held)
+    gpu_spec = load_gpu(gpu)
+    least = LLAMA_3_1_8B.kv_bytes_per_token_per_layer / gpu_spec.datasheet_mem_bw
+    own, roofline = ([curves.at(r["batch_size"], r["context"], cost.decode_roofline, Counter(), floor)
+                      for r in test.iter_rows(named=True)] for floor in (lambda b, c: b * c * least, None))
+    assert test.height >= 14
+    measured = test["latency"].to_list()
+    assert median_error(own, measured) < 0.08
+    assert median_error(own, measured) < median_error(roofline, measured) / 1.5
+
+
+@pytest.mark.parametrize(("model", "gpu", "tp"), [
+    ("llama-3.1-8b", "h200_sxm_vllm", 1), ("qwen3-32b", "h100_sxm_trtllm", 2), ("minimax-m2.5", "h200_sxm_vllm", 8),
+    ("gpt-oss-120b", "h100_sxm_sglang", 4)])
+def test_decode_attention_never_reads_kv_faster_than_the_datasheet(model: str, gpu: str, tp: int) -> None:
+    # Past the tables (and with a stand-in table of other heads: MiniMax-M2.5's one KV head per GPU
+    # priced from two-head kernels), every further token of context a step reads costs at least
+    # its KV bytes at the GPU's datasheet bandwidth, on every full-attention layer.
+    from simulator.deploy.model import load_model
+
+    rank = load_model(model).shard(tp)
+    cost = measured_cost(load_model(model).deployed(None, "auto"), gpu, tp)
+    layers = rank.num_layers - rank.sliding_layers
+    batch = 64
+    times = [cost.breakdown(StepShape.from_rows([(1, c)] * batch))["decode_attention"] for c in (20000, 40000)]
+    per_token = batch * layers * rank.kv_bytes_per_token_per_layer / load_gpu(gpu).datasheet_mem_bw
+    assert times[1] - times[0] >= 20000 * per_token * (1 - 1e-9)
 
 
 def test_gemms_flat_until_arithmetic_takes_over() -> None:

@@ -130,9 +130,9 @@ def print_models(resolver: ModelResolver) -> None:
 def print_notes(notes: dict[str, int]) -> None:
     """The cost model's notes (shapes past its measured tables), once each, with how many rows met them."""
     if notes:
-        click.echo("\nshapes past the measured kernel tables, priced by roofline (rows that met each):")
+        click.echo("\nshapes past the measured kernel tables, extrapolated (rows that met each):")
         for note, count in sorted(notes.items(), key=lambda item: (-item[1], item[0]))[:NOTES_SHOWN]:
-            click.echo(f"  {count:>6}  {note.removeprefix('measured cost extrapolated by roofline: ')}")
+            click.echo(f"  {count:>6}  {note.removeprefix('measured cost extrapolated: ')}")
         if len(notes) > NOTES_SHOWN:
             click.echo(f"  ... and {len(notes) - NOTES_SHOWN} more shapes")
 

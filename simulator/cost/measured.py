@@ -172,7 +172,7 @@ class MeasuredCost:
       `GemmTable`), from the fp8 tables for fp8 weights.
     - Experts of a MoE layer: the fused-MoE kernel by tokens (see `MoeTable`).
     - Decode attention: the step's single-token rows as `decode_seqs` sequences of their mean context,
-      linear in context (KV bytes) and in sequences between measured points; fp8 KV from its own rows.
+      linear in context (KV bytes) and in sequences between measured points (fp8 KV from its own rows).
       A row that verifies draft tokens (speculative decoding) is priced as its decode kernel: its
       k + 1 queries read the KV once, and the measured kernel is bound by that read.
     - Prefill attention: the multi-token rows as `prefill_seqs` sequences each with the mean number of
@@ -196,6 +196,7 @@ class MeasuredCost:
         in step repeat shapes; a lone server's rarely do (its contexts grow)."""
         model, gpu = tables.model, tables.gpu
         self._decode_seconds = model.kv_bytes_per_token_per_layer / gpu.attn_bw
+        self._decode_floor_seconds = model.kv_bytes_per_token_per_layer / gpu.datasheet_mem_bw  # none reads faster
         self._elementwise_roofline = lambda nbytes: nbytes / gpu.mem_bw
         self._prefill_flops = 4.0 * model.num_heads * model.head_dim / gpu.attn_flops
         q_kv_o = 2 * model.num_heads + 2 * model.num_kv_heads
@@ -237,11 +238,8 @@ class MeasuredCost:
         return t.sliding.time(shape, t.fallback, self.extrapolated, self.decode_roofline, self._prefill_flops)
 
     def _elementwise(self, tokens: int, num_seqs: int) -> float:
-        total = 0.0
-        for curve, per_seq, count, unit_bytes in self.tables.elementwise:
-            total += count * curve.at((num_seqs if per_seq else tokens) * unit_bytes, self._elementwise_roofline,
-                                      self.extrapolated)
-        return total
+        return sum(count * curve.at((num_seqs if per_seq else tokens) * unit_bytes, self._elementwise_roofline,
+                                    self.extrapolated) for curve, per_seq, count, unit_bytes in self.tables.elementwise)
 
     def _moe(self, tokens: int) -> float:
         t = self.tables
@@ -331,8 +329,10 @@ class MeasuredCost:
             if shape.prefill_seqs:
                 prefill = t.fallback.attention_all_layers(StepShape(shape.prefill_seqs, 0, 0, *shape[3:7]))
         elif shape.decode_seqs:
-            decode = full * t.decode_scale * t.decode.at(shape.decode_seqs, shape.decode_context / shape.decode_seqs,
-                                                           self.decode_roofline, self.extrapolated)
+            scale, rate, least = t.decode_scale, self._decode_seconds, self._decode_floor_seconds  # `Curve.at`'s floor
+            decode = full * scale * t.decode.at(shape.decode_seqs, shape.decode_context / shape.decode_seqs,
+                                                lambda b, c: b * c * rate / scale, self.extrapolated,
+                                                lambda b, c: b * c * least / scale)
         if shape.prefill_seqs and t.prefill is not None:
             prefill = full * t.prefill_scale * t.prefill.at(
                 shape.prefill_seqs, shape.prefill_pairs / shape.prefill_seqs, self.prefill_roofline, self.extrapolated)
@@ -356,7 +356,7 @@ class MeasuredCost:
             before = len(self.extrapolated)
             total = sum(self.breakdown(shape).values())
             if len(self.extrapolated) > before:
-                LOG.warning("measured cost extrapolated by roofline: %s", ", ".join(list(self.extrapolated)[before:]))
+                LOG.warning("measured cost extrapolated: %s", ", ".join(list(self.extrapolated)[before:]))
             return total
         kept = self._by_shape.get(shape)
         if kept is not None:
@@ -373,7 +373,7 @@ class MeasuredCost:
             if inner:
                 outer.update(inner)
         if len(outer) > before:
-            LOG.warning("measured cost extrapolated by roofline: %s", ", ".join(list(outer)[before:]))
+            LOG.warning("measured cost extrapolated: %s", ", ".join(list(outer)[before:]))
         if len(self._by_shape) < SHAPES_KEPT:
             self._by_shape[shape] = (total, list(inner.elements()) if inner else [])
         return total
