@@ -4,7 +4,7 @@
   all-reduce file, read here directly); Llama-3.1-8B's batch-1 step at TP2 over TP1 printed 0.63
   (roofline, 4.10 / 6.52 ms) and 0.63 (measured, 4.21 / 6.64 ms).
 - fp8 KV against vLLM's fp8-KV blog (H100, Llama-3.1-8B, single request): every batch-1 step at
-  8k and 64k contexts within 4% of vLLM's fitted line; the slope falls to 0.50 (roofline) and 0.58
+  8k and 64k contexts within 4% of vLLM's fitted line; the slope falls to 0.50 (roofline) and 0.61
   (measured) of bf16's, vLLM's to 0.54. The closed loop (c8, ~20k in, ~2k out) is reproduced below.
 - fp8 weights: the measured fp8 GEMMs stream weights at 1.86 TB/s against bf16's 2.84, so the
   batch-1 step falls to 0.82 of bf16's (both models), not the chapter's "nearly halves".
