@@ -103,6 +103,24 @@ def print_bandwidth(rows: pl.DataFrame) -> None:
         click.echo(f"  ... and {over.height - IMPOSSIBLE_SHOWN} more (the `bandwidth_share` column of --out)")
 
 
+def print_in_flight(rows: pl.DataFrame) -> None:
+    """The closed-loop points whose measured server decoded under half the requests at once that
+    their rerun did, by Little's law (`simulator.sim2real.inflight`), the fewest first."""
+    from simulator.sim2real.inflight import SHARE, fewer_at_once
+
+    fewer, checked = fewer_at_once(rows)
+    if not checked:
+        return
+    click.echo(f"\nrequests decoding at once: {fewer.height} of {checked} closed-loop points ran under {SHARE:.0%} "
+               "as many as their rerun (Little's law on the mean TTFT and TPOT; a smaller KV cache, a lower "
+               "max-num-seqs or a capped client would explain it)" + (":" if fewer.height else ""))
+    for r in fewer.head(IMPOSSIBLE_SHOWN).iter_rows(named=True):
+        click.echo(f"  {r['point'][-60:]:<60}{r['measured']:>7.1f} at once of {r['concurrency']} clients "
+                   f"(rerun {r['simulated']:.1f})")
+    if fewer.height > IMPOSSIBLE_SHOWN:
+        click.echo(f"  ... and {fewer.height - IMPOSSIBLE_SHOWN} more")
+
+
 def print_skips(skipped: list[tuple[str, str]], total: int) -> None:
     """The skipped rows counted by reason, most first."""
     if not skipped:
@@ -261,6 +279,7 @@ def compare_command(results: tuple[Path, ...], gpu: tuple[str, ...], tensor_para
         print_held_out(held_out_summary(rows))
         click.echo("\n" + "\n".join(regret_lines(rows)))
         print_bandwidth(rows)
+        print_in_flight(rows)
     print_models(resolver)
     print_notes(notes)
     print_skips(skipped, total)
