@@ -213,6 +213,31 @@ def served_as_stated(points: list[MeasuredPoint], gpu: str, hypothesis: Hypothes
     return [point for point, _ in kept]
 
 
+def ran_as_stated(points: list[MeasuredPoint], base: Path, rerun: Rerun) -> list[MeasuredPoint]:
+    """`points` less the closed-loop ones whose measured server decoded under half as many requests
+    at once as their kernels-alone rerun does (`simulator.sim2real.inflight`, Little's law on the
+    mean TTFT and TPOT): a term per sequence or step would be fitted, or judged, on a batch the
+    server never ran (a smaller KV cache, a lower max-num-seqs, a capped client). Says which."""
+    from simulator.sim2real.inflight import fewer_at_once
+
+    residuals = fit_terms(points, [], base, rerun, ()).residuals
+    if residuals.is_empty():
+        return points
+    shape = pl.DataFrame([{"point": p.name, "gpu": p.gpu, "concurrency": p.concurrency,
+                           "output_len": float(p.output_lens[0]) if len(p.output_lens) == 1 else None}
+                          for p in points], schema={"point": pl.String, "gpu": pl.String, "concurrency": pl.Int64,
+                                                    "output_len": pl.Float64})
+    fewer, _ = fewer_at_once(residuals.join(shape, on="point"))
+    if fewer.is_empty():
+        return points
+    click.echo(f"left out {fewer.height} points whose server decoded under half as many requests at once as their "
+               "rerun: " + ", ".join(f"{r['point']} ({r['measured']:.1f} of {r['simulated']:.1f})"
+                                     for r in fewer.head(5).iter_rows(named=True))
+               + (f" and {fewer.height - 5} more" if fewer.height > 5 else ""))
+    left = set(fewer["point"].to_list())
+    return [point for point in points if point.name not in left]
+
+
 @click.command("fit")
 @click.argument("results", nargs=-1, required=True, type=click.Path(path_type=Path))
 @click.option("--gpu", required=True, help="The profile to fit (shipped name or folder); the points measured on "
@@ -236,9 +261,12 @@ def served_as_stated(points: list[MeasuredPoint], gpu: str, hypothesis: Hypothes
                    "[default: every model].")
 @click.option("--sweep/--no-sweep", default=False, show_default=True,
               help="Rerun a server's concurrency levels back to back, its prefix cache kept.")
+@click.option("--disable-custom-all-reduce", is_flag=True,
+              help="Rerun every all-reduce as NCCL's, the stack's custom all-reduce off (what SGLang's rows of "
+                   "aiconfigurator's table support: docs/validation/stack-fidelity.md).")
 def fit_command(results: tuple[Path, ...], gpu: str, out: Path, fit_tp: tuple[int, ...], quantization: str,
                 backend: str, scheduler: str, num_dataset_entries: int | None, models: tuple[str, ...],
-                sweep: bool) -> None:
+                sweep: bool, disable_custom_all_reduce: bool) -> None:
     """Fit a profile's host overhead to measured results by least squares and write the profile.
     With held-out points, a term that leaves a held-out group worse than the kernels alone is dropped."""
     from simulator.deploy.hardware import load_gpu, profile_dir
@@ -260,14 +288,15 @@ def fit_command(results: tuple[Path, ...], gpu: str, out: Path, fit_tp: tuple[in
     if not points:
         raise InputError(f"no point of {', '.join(str(r) for r in results)} was measured on {name} with "
                          f"--quantization {quantization} and --backend {backend}")
-    hypothesis = Hypothesis(scheduler, num_dataset_entries, sweep)
+    hypothesis = Hypothesis(scheduler, num_dataset_entries, sweep, disable_custom_all_reduce)
     points = served_as_stated(points, str(base), hypothesis)
+    rerun: Rerun = hypothesis.rerun  # type: ignore[assignment]
+    points = ran_as_stated(points, base, rerun)
     fitted = [p for p in points if not fit_tp or p.tensor_parallel_size in fit_tp]
     held_out = [p for p in points if p not in fitted]
     if not fitted:
         raise InputError(f"--fit-tp {' '.join(map(str, fit_tp))}: no point has that tensor parallel size")
     click.echo(f"fitting {len(fitted)} points ({len(held_out)} held out) on {name}...")
-    rerun: Rerun = hypothesis.rerun  # type: ignore[assignment]
     if held_out:
         fit, alone, dropped = fit_held_out(fitted, held_out, base, rerun)
     else:
@@ -278,7 +307,8 @@ def fit_command(results: tuple[Path, ...], gpu: str, out: Path, fit_tp: tuple[in
                       "weights": "bf16" if quantization == "none" else quantization,
                       "tensor_parallel_sizes": sorted(set(fit_tp)) or "all", "statistics": list(FITTED_STATISTICS),
                       "backend": backend, "assumed": {"scheduler": scheduler, "num_dataset_entries":
-                                                      num_dataset_entries, "sweep": sweep}},
+                                                      num_dataset_entries, "sweep": sweep,
+                                                      "disable_custom_all_reduce": disable_custom_all_reduce}},
         "method": "Gauss-Newton on servesim's reruns, relative residuals, terms >= 0 (calibration/fit_host.py), "
                   f"{fit.rounds} rounds",
         "median_abs_error": median_errors(fit.residuals),
