@@ -223,10 +223,10 @@ def ran_as_stated(points: list[MeasuredPoint], base: Path, rerun: Rerun) -> list
     residuals = fit_terms(points, [], base, rerun, ()).residuals
     if residuals.is_empty():
         return points
-    shape = pl.DataFrame([{"point": p.name, "gpu": p.gpu, "concurrency": p.concurrency,
+    shape = pl.DataFrame([{"point": p.name, "gpu": p.gpu, "concurrency": p.concurrency, "rate": p.rate,
                            "output_len": float(p.output_lens[0]) if len(p.output_lens) == 1 else None}
                           for p in points], schema={"point": pl.String, "gpu": pl.String, "concurrency": pl.Int64,
-                                                    "output_len": pl.Float64})
+                                                    "rate": pl.Float64, "output_len": pl.Float64})
     fewer, _ = fewer_at_once(residuals.join(shape, on="point"))
     if fewer.is_empty():
         return points

@@ -43,8 +43,9 @@ def test_the_engines_closed_loop_decodes_what_its_batch_cap_allows(max_num_seqs:
     assert found == pytest.approx(max_num_seqs * 49 / 50, rel=0.03)
 
 
-def rows(point: str, concurrency: int | None, ttft: tuple[float, float], tpot: tuple[float, float]) -> list[dict]:
-    return [{"point": point, "gpu": "h100_sxm_sglang", "concurrency": concurrency, "output_len": 128.0,
+def rows(point: str, concurrency: int | None, ttft: tuple[float, float], tpot: tuple[float, float],
+         rate: float | None = None) -> list[dict]:
+    return [{"point": point, "gpu": "h100_sxm_sglang", "concurrency": concurrency, "rate": rate, "output_len": 128.0,
              "statistic": statistic, "measured": measured, "simulated": simulated}
             for statistic, (measured, simulated) in (("ttft_mean", ttft), ("tpot_mean", tpot))]
 
@@ -52,7 +53,9 @@ def rows(point: str, concurrency: int | None, ttft: tuple[float, float], tpot: t
 def test_a_server_that_ran_fewer_at_once_is_reported(capsys: pytest.CaptureFixture[str]) -> None:
     table = pl.DataFrame(rows("queued", 16, (6.776, 0.30), (0.0255, 0.030))  # 5.2 at once against 14.8
                          + rows("served", 16, (0.30, 0.32), (0.030, 0.031))  # 14.8 against 14.8
-                         + rows("open loop", None, (0.2, 0.2), (0.02, 0.02)))
+                         + rows("open loop", None, (0.2, 0.2), (0.02, 0.02))
+                         # capped at 16 but sent at 1 req/s: few in flight whatever the TTFT, not a closed loop
+                         + rows("capped open loop", 16, (6.776, 0.30), (0.0255, 0.030), rate=1.0))
     fewer, checked = fewer_at_once(table)
     assert checked == 2 and fewer["point"].to_list() == ["queued"]
     assert fewer["measured"].item() == pytest.approx(at_once(16, 128, 6.776, 0.0255))

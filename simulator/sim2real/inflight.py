@@ -31,13 +31,17 @@ def decoding_at_once(concurrency: pl.Expr, output_len: pl.Expr, ttft: pl.Expr, t
 
 def fewer_at_once(rows: pl.DataFrame, share: float = SHARE) -> tuple[pl.DataFrame, int]:
     """The closed-loop points of `simulate compare`'s rows (`measured` and `simulated` mean TTFT and
-    TPOT per point, `concurrency`, `output_len`) whose measured server decoded under `share` of the
-    requests its rerun did at once, fewest first (`point`, `gpu`, `concurrency`, `measured`,
-    `simulated`: requests decoding at once), and how many points could be checked."""
+    TPOT per point, `concurrency`, `output_len`, and no `rate` where the rows carry one) whose
+    measured server decoded under `share` of the requests its rerun did at once, fewest first
+    (`point`, `gpu`, `concurrency`, `measured`, `simulated`: requests decoding at once), and how
+    many points could be checked."""
     needed = {"point", "gpu", "concurrency", "output_len", "statistic", "measured", "simulated"}
     if not needed <= set(rows.columns):
         return pl.DataFrame(), 0
-    closed = rows.filter(pl.col("concurrency").is_not_null() & (pl.col("output_len") >= 2)
+    closed_loop = pl.col("concurrency").is_not_null()
+    if "rate" in rows.columns:  # a capped open loop (a rate and a concurrency) holds fewer than its cap
+        closed_loop &= pl.col("rate").is_null()
+    closed = rows.filter(closed_loop & (pl.col("output_len") >= 2)
                          & pl.col("statistic").is_in(["ttft_mean", "tpot_mean"]))
     if closed.is_empty():
         return pl.DataFrame(), 0
