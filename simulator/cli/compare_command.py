@@ -83,7 +83,8 @@ def group_width(table: pl.DataFrame) -> int:
     return max(30, *(len(group) + 2 for group in table["group"]))
 
 
-IMPOSSIBLE_SHOWN = 10
+POINTS_SHOWN = 10
+"""Points each check of `simulate compare` lists by name (the bandwidth and in-flight ones); the rest are counted."""
 
 
 def print_bandwidth(rows: pl.DataFrame) -> None:
@@ -97,10 +98,10 @@ def print_bandwidth(rows: pl.DataFrame) -> None:
     click.echo(f"\ndecode traffic: {over.height} of {checked.height} checked points need more memory bandwidth "
                "than their GPUs have, rerun as they state (a smaller KV cache, speculative decoding or shorter "
                "outputs would explain it)" + (":" if over.height else ""))
-    for r in over.head(IMPOSSIBLE_SHOWN).iter_rows(named=True):
+    for r in over.head(POINTS_SHOWN).iter_rows(named=True):
         click.echo(f"  {r['point'][-60:]:<60}{r['bandwidth_share']:>7.0%} of {r['gpu']}'s bandwidth")
-    if over.height > IMPOSSIBLE_SHOWN:
-        click.echo(f"  ... and {over.height - IMPOSSIBLE_SHOWN} more (the `bandwidth_share` column of --out)")
+    if over.height > POINTS_SHOWN:
+        click.echo(f"  ... and {over.height - POINTS_SHOWN} more (the `bandwidth_share` column of --out)")
 
 
 def print_in_flight(rows: pl.DataFrame) -> None:
@@ -114,11 +115,11 @@ def print_in_flight(rows: pl.DataFrame) -> None:
     click.echo(f"\nrequests decoding at once: {fewer.height} of {checked} closed-loop points ran under {SHARE:.0%} "
                "as many as their rerun (Little's law on the mean TTFT and TPOT; a smaller KV cache, a lower "
                "max-num-seqs or a capped client would explain it)" + (":" if fewer.height else ""))
-    for r in fewer.head(IMPOSSIBLE_SHOWN).iter_rows(named=True):
+    for r in fewer.head(POINTS_SHOWN).iter_rows(named=True):
         click.echo(f"  {r['point'][-60:]:<60}{r['measured']:>7.1f} at once of {r['concurrency']} clients "
                    f"(rerun {r['simulated']:.1f})")
-    if fewer.height > IMPOSSIBLE_SHOWN:
-        click.echo(f"  ... and {fewer.height - IMPOSSIBLE_SHOWN} more")
+    if fewer.height > POINTS_SHOWN:
+        click.echo(f"  ... and {fewer.height - POINTS_SHOWN} more")
 
 
 def print_skips(skipped: list[tuple[str, str]], total: int) -> None:
