@@ -136,6 +136,30 @@ def test_decode_attention_never_reads_kv_faster_than_the_datasheet(model: str, g
     assert times[1] - times[0] >= 20000 * per_token * (1 - 1e-9)
 
 
+def test_a_stand_in_prefill_tables_extrapolation_is_priced_in_the_ranks_own_heads() -> None:
+    # MiniMax-M2.5 at TP 8 has one KV head per GPU, priced from two-head kernels scaled by 0.5. Past
+    # the table, further query-key pairs cost the rank's own roofline (its six query heads), not
+    # that roofline scaled by 0.5 again: the increment between two prompts past the table is the
+    # full-attention layers' roofline increment, by hand from its FLOPs and bytes.
+    from simulator.cost.contract import causal_pairs
+    from simulator.deploy.model import load_model
+
+    model = load_model("minimax-m2.5")
+    cost = measured_cost(model.deployed(None, "auto"), "h200_sxm_vllm", 8)
+    assert cost.tables.prefill_scale == 0.5
+    rank, gpu = model.shard(8), load_gpu("h200_sxm_vllm")
+    layers = rank.num_layers - rank.sliding_layers
+    times = [cost.breakdown(StepShape.from_rows([(n, n)]))["prefill_attention"] for n in (200_000, 300_000)]
+    assert any("prefill attention" in key and "above measured" in key for key in cost.extrapolated)
+
+    def roofline(n: int) -> float:  # 4 h d FLOPs per pair, or Q, K, V and O read and written
+        flops = causal_pairs(n, n) * 4 * rank.num_heads * rank.head_dim / gpu.attn_flops
+        nbytes = n * (2 * rank.num_heads + 2 * rank.num_kv_heads) * rank.head_dim * rank.dtype_bytes / gpu.attn_bw
+        return max(flops, nbytes)
+
+    assert times[1] - times[0] == pytest.approx(layers * (roofline(300_000) - roofline(200_000)), rel=1e-9)
+
+
 def test_gemms_flat_until_arithmetic_takes_over() -> None:
     curve = build_tables(LLAMA_3_1_8B, load_profile("h100_sxm")).layer_gemms[2][0]  # gate/up
     at = dict(zip(curve.xs, curve.ys, strict=True))

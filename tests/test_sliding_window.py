@@ -81,3 +81,24 @@ def test_a_windowed_table_whose_rows_take_full_attentions_time_did_not_apply_the
     assert windowed_share(applied.with_columns(latency=full["latency"]), full) == 1.0
     assert windowed_share(applied.filter(pl.col("context") < 2048), full) == 1.0  # nothing far enough to tell
     assert windowed_share(applied, full) < WINDOW_APPLIED <= 1.0
+
+
+def test_a_stand_in_windowed_tables_extrapolation_is_priced_in_the_ranks_own_heads() -> None:
+    # A windowed table of other heads (scaled by 0.5 to the rank's) extrapolates past its largest
+    # context and pairs by the rank's own rooflines, which the scale must not touch again. By hand,
+    # two layers: decode at 400 tokens = 2 x (0.5 x 2 ms + (400 - 200) x 0.01 ms) = 6 ms; prefill
+    # of 500 pairs = 2 x (0.5 x 4 ms + (500 - 300) x 0.02 ms) = 12 ms.
+    from collections import Counter
+
+    from simulator.cost import BatchCurves, Curve
+    from simulator.cost.window import SlidingCurves
+
+    decode = BatchCurves("decode (window)", (1,), (Curve("decode", (100.0, 200.0), (1.0, 2.0)),))
+    prefill = BatchCurves("prefill (window)", (1,), (Curve("prefill", (100.0, 300.0), (2.0, 4.0)),))
+    curves = SlidingCurves(2, 10_000, decode, 0.5, prefill, 0.5)
+    shape = StepShape.from_rows([(1, 400)])
+    decode_ms, _ = curves.time(shape, None, Counter(), lambda b, c: b * c * 0.01, 0.02)  # type: ignore[arg-type]
+    assert decode_ms == pytest.approx(6.0)
+    prompt = StepShape(1, 0, 0, 1, 10, 10, 500.0)  # one prompt whose windowed pairs are 500
+    _, prefill_ms = curves.time(prompt, None, Counter(), lambda b, c: b * c * 0.01, 0.02)  # type: ignore[arg-type]
+    assert prefill_ms == pytest.approx(12.0)

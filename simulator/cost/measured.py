@@ -334,8 +334,9 @@ class MeasuredCost:
                                                 lambda b, c: b * c * rate / scale, self.extrapolated,
                                                 lambda b, c: b * c * least / scale)
         if shape.prefill_seqs and t.prefill is not None:
-            prefill = full * t.prefill_scale * t.prefill.at(
-                shape.prefill_seqs, shape.prefill_pairs / shape.prefill_seqs, self.prefill_roofline, self.extrapolated)
+            scale = t.prefill_scale  # the roofline is the rank's own heads; the table's are scaled to them
+            prefill = full * scale * t.prefill.at(shape.prefill_seqs, shape.prefill_pairs / shape.prefill_seqs,
+                                                  lambda b, p: self.prefill_roofline(b, p) / scale, self.extrapolated)
             if t.model.is_mla and t.fallback is not None:  # the cached context's up projection (kv_b)
                 prefill += layers * t.fallback.mla_context_up_projection(shape)
         if t.sliding is not None:

@@ -51,23 +51,26 @@ class SlidingCurves:
              decode_roofline: Callable[[float, float], float], pair_seconds: float) -> tuple[float, float]:
         """(decode, prefill) attention of every sliding-window layer of a step. Past the measured
         shapes, `decode_roofline(sequences, context)` (the full layers', at the context capped at
-        the window) and `pair_seconds` per windowed query-key pair extrapolate."""
+        the window) and `pair_seconds` per windowed query-key pair extrapolate, both in the rank's
+        own heads: a stand-in table's scale applies to its measurements, not to them."""
         decode = prefill = 0.0
         window = self.window
         if shape.decode_seqs:
             if self.decode is None:
                 decode = fallback.sliding_attention(shape, True, False)
             else:
-                decode = self.layers * self.decode_scale * self.decode.at(
+                scale = self.decode_scale  # the table's heads scaled to the rank's; the roofline is the rank's
+                decode = self.layers * scale * self.decode.at(
                     shape.decode_seqs, shape.decode_context / shape.decode_seqs,
-                    lambda b, context: decode_roofline(b, min(context, window)), record)
+                    lambda b, context: decode_roofline(b, min(context, window)) / scale, record)
         if shape.prefill_seqs:
             if self.prefill is None:
                 prefill = fallback.sliding_attention(shape, False, True)
             else:
                 pairs = min(shape.prefill_pairs, shape.prefill_tokens * window) / shape.prefill_seqs
-                prefill = self.layers * self.prefill_scale * self.prefill.at(
-                    shape.prefill_seqs, pairs, lambda b, x: b * x * pair_seconds, record)
+                scale = self.prefill_scale
+                prefill = self.layers * scale * self.prefill.at(
+                    shape.prefill_seqs, pairs, lambda b, x: b * x * pair_seconds / scale, record)
         return decode, prefill
 
 
