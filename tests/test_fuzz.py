@@ -1,5 +1,5 @@
-"""The whole input surface fuzzed (hypothesis): every option of run, batch-table, sweep, compare and
-report read from its click command, sweep files, traces, model configs, GPU profiles and measured
+"""The whole input surface fuzzed (hypothesis): every option of run, batch-table, sweep, compare, fit
+and report read from its click command, sweep files, traces, model configs, GPU profiles and measured
 results, malformed at random. Each call exits 0 with sane output or non-zero with one line starting
 'error:'; never a traceback, a warning, a hang or a half-written output (fuzz_surface.check)."""
 
@@ -26,6 +26,7 @@ HELD = {
     # Processes and a Ray cluster would make each example seconds long; --jobs is fuzzed on its own.
     "sweep": frozenset({"--jobs", "--executor", "--address"}),
     "compare": frozenset(),
+    "fit": frozenset(),
     "report": frozenset({"--open"}),  # a browser
 }
 
@@ -89,6 +90,20 @@ def test_sweep_options(drawn: list[str]) -> None:
 @given(drawn=command_lines("compare", HELD["compare"], at_most=3))
 def test_compare_options(drawn: list[str]) -> None:
     fuzz_verb(["compare", "result.json", *drawn], {"result.json": VLLM_RESULT})
+
+
+SILICON_ROWS = "".join(
+    f"p{i},vllm,0.12.0,Qwen/Qwen3-32B,h100_sxm,,,64,4,{c},{tp},30,{tpot}\n"
+    for i, (tp, c, tpot) in enumerate([(2, 2, 15), (4, 2, 11), (8, 4, 9), (2, 4, 16), (4, 4, 12)]))
+SILICON_POINTS = ("id,backend,backend_version,model_path,system,precision,gemm_quant_mode,isl,osl,concurrency,"
+                  "tp_size,silicon_ttft_ms,silicon_tpot_ms\n" + SILICON_ROWS)
+"""Five tiny measured points (Qwen3-32B on H100s at TP 2, 4 and 8) for fit to fit and hold out."""
+
+
+@fuzz_settings(ci_examples=12)
+@given(drawn=command_lines("fit", HELD["fit"], at_most=3))
+def test_fit_options(drawn: list[str]) -> None:
+    fuzz_verb(["fit", "points.csv", "--gpu", "h100_sxm", "--out", "profile", *drawn], {"points.csv": SILICON_POINTS})
 
 
 @fuzz_settings(ci_examples=15)
