@@ -8,7 +8,7 @@ import polars as pl
 import pytest
 
 from simulator.sim2real.compare import ROW_SCHEMA
-from simulator.sim2real.regret import planning_regret, points, regret_lines, regret_summary
+from simulator.sim2real.regret import not_as_stated, planning_regret, points, regret_lines, regret_summary
 
 
 def rows(deployments: list[tuple[int, float, float, float, float]], group: str = "m gpu") -> pl.DataFrame:
@@ -108,3 +108,23 @@ def test_a_deployments_gpus_are_tensor_times_data_parallel() -> None:
     at_median = planning_regret(honest).filter(pl.col("quantile") == 0.5).row(0, named=True)
     # Feasible at 20 ms: c1 (110) and c4 (110 per GPU): best 110, the pick one of them, regret 0.
     assert at_median["regret"] == 0.0 and at_median["best_gpus"] in (1, 2)
+
+
+def test_the_regret_again_without_the_points_that_did_not_run_as_stated() -> None:
+    # C measures twice B's tokens/s/GPU at B's TPOT, which its GPU's bandwidth could not have served
+    # (bandwidth_share 1.5). Measured TPOTs 10, 20, 20 ms: limits 15, 20, 20 ms. At 15 ms only A is
+    # feasible and predicted to fit: regret 0. At 20 ms C is the best (440 tokens/s), A and B are
+    # predicted to fit, the pick B (220): regret 0.5, twice; mean 1/3. Without C, the limits are
+    # 12.5, 15, 17.5 ms: A alone feasible and predicted to fit each time: 0.
+    three = rows([(1, 0.0, 0.010, 0.0, 0.010), (4, 0.0, 0.020, 0.0, 0.020), (8, 0.0, 0.020, 0.0, 0.040)])
+    three = three.with_columns(bandwidth_share=pl.when(pl.col("point") == "m gpu-2").then(1.5).otherwise(0.5))
+    assert planning_regret(three)["regret"].mean() == pytest.approx(1 / 3)
+    lines = regret_lines(three)
+    assert "33.3% mean regret over 3 cases" in lines[1]
+    assert lines[2].startswith("and without the 1 points that did not run as stated")
+    assert "0.0% mean regret over 3 cases" in lines[3]
+    # A closed loop whose measured TTFT is a queue for whole requests decoded ~0.7 requests at once
+    # where its rerun decoded all 8 (Little's law): it did not run as stated either.
+    queued = rows([(8, 1.0, 0.010, 0.0, 0.010), (4, 0.0, 0.020, 0.0, 0.020)])
+    assert not_as_stated(queued) == {"m gpu-0"}
+    assert not_as_stated(rows(THREE)) == set()

@@ -15,6 +15,12 @@ per GPU of the deployment: its tensor-parallel size times its data-parallel rank
 where the rows carry them (`data_parallel_size`, `num_replicas`). Disaggregated rows (GPUs in two
 pools of their own sizes) are left out. Workloads are grouped per stack. It reads
 `simulator.sim2real.compare`'s rows.
+
+Some measured points contradict their own stated deployment: their decode needs more memory
+bandwidth than their GPUs have (`bandwidth_share` above 1, `simulator.sim2real.bandwidth`), or their
+server decoded under half as many requests at once as its rerun (`simulator.sim2real.inflight`).
+Such a point's throughput is a different deployment's (a smaller batch, shorter outputs), so
+`regret_lines` also gives the regret with them left out, as `simulate fit` leaves them out.
 """
 
 from __future__ import annotations
@@ -119,17 +125,41 @@ def regret_summary(regrets: pl.DataFrame) -> pl.DataFrame:
         pl.col("random_feasible").mean().alias("random_feasible"))
 
 
+def not_as_stated(rows: pl.DataFrame) -> set[str]:
+    """The points of compare's `rows` whose measurements contradict their stated deployment (module
+    docstring): over their GPUs' bandwidth, or fewer requests at once than their rerun."""
+    from simulator.sim2real.inflight import fewer_at_once
+
+    flagged: set[str] = set()
+    if "bandwidth_share" in rows.columns:
+        over = rows.filter(pl.col("bandwidth_share").fill_nan(None).fill_null(0.0) > 1)
+        flagged |= set(over["point"].to_list())
+    fewer, _ = fewer_at_once(rows)
+    return flagged | (set(fewer["point"].to_list()) if not fewer.is_empty() else set())
+
+
+def summary_lines(regrets: pl.DataFrame) -> list[str]:
+    return [f"  {r['stack']:<12}{r['regret']:>7.1%} mean regret over {r['cases']} cases; SLO missed by "
+            f"{r['missed']:.0%} of picks, nothing predicted to fit in {r['no_pick']:.0%}; random pick "
+            f"{r['random']:.1%}, random among feasible {r['random_feasible']:.1%}"
+            for r in regret_summary(regrets).iter_rows(named=True)]
+
+
 def regret_lines(rows: pl.DataFrame) -> list[str]:
-    """What `simulate compare` prints: the regret per stack, or why there is none."""
+    """What `simulate compare` prints: the regret per stack, or why there is none; and again without
+    the points that did not run as stated, where any of the judged points did not."""
     regrets = planning_regret(rows)
     if regrets.is_empty():
         return ["planning regret: no workload has two or more measured deployments"]
     table = points(rows)
     predicted = int(table["predicted_tokens"].is_finite().fill_null(False).sum()) / max(table.height, 1)
     lines = ["planning regret (pick the highest predicted tokens/s/GPU under a TPOT limit at each workload's "
-             f"25th/50th/75th measured-TPOT percentile; {predicted:.0%} of {table.height} points predicted):"]
-    for r in regret_summary(regrets).iter_rows(named=True):
-        lines.append(f"  {r['stack']:<12}{r['regret']:>7.1%} mean regret over {r['cases']} cases; SLO missed by "
-                     f"{r['missed']:.0%} of picks, nothing predicted to fit in {r['no_pick']:.0%}; random pick "
-                     f"{r['random']:.1%}, random among feasible {r['random_feasible']:.1%}")
+             f"25th/50th/75th measured-TPOT percentile; {predicted:.0%} of {table.height} points predicted):",
+             *summary_lines(regrets)]
+    left = not_as_stated(rows) & set(table["point"].to_list())
+    if left:
+        kept = planning_regret(rows.filter(~pl.col("point").is_in(sorted(left))))
+        lines.append(f"and without the {len(left)} points that did not run as stated (over their GPUs' bandwidth, "
+                     "or fewer requests at once than their rerun: listed below):")
+        lines += summary_lines(kept) if not kept.is_empty() else ["  no workload has two or more such deployments"]
     return lines
