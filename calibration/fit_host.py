@@ -160,12 +160,17 @@ def group_errors(residuals: pl.DataFrame) -> dict[tuple[int, str], float]:
     return {(tp, stat): float(e) for tp, stat, e in table.iter_rows()}
 
 
-def fit_held_out(points: list[Any], held_out: list[Any], base: Path, rerun: Rerun = one_by_one
-                 ) -> tuple[Fit, dict[tuple[int, str], float], list[str]]:
+def fit_held_out(points: list[Any], held_out: list[Any], base: Path, rerun: Rerun = one_by_one,
+                 kernels_alone: pl.DataFrame | None = None) -> tuple[Fit, dict[tuple[int, str], float], list[str]]:
     """The fit of the most terms of `TERM_SETS` that leaves every held-out group (a tensor parallel
     size) no worse than the kernels alone on the statistics they are fitted to; with the
-    kernels-only errors and what was dropped."""
-    alone = group_errors(fit_terms(points, held_out, base, rerun, ()).residuals) if held_out else {}
+    kernels-only errors and what was dropped. `kernels_alone`: the held-out points' residuals on
+    the kernels alone where already rerun as `rerun` would (`ran_as_stated`), else rerun here."""
+    if kernels_alone is None:
+        alone = group_errors(fit_terms(points, held_out, base, rerun, ()).residuals) if held_out else {}
+    else:
+        names = [p.name for p in held_out]
+        alone = group_errors(kernels_alone.filter(pl.col("point").is_in(names)).with_columns(held_out=pl.lit(True)))
     dropped: list[str] = []
     for terms in TERM_SETS:
         fit = fit_terms(points, held_out, base, rerun, terms)
@@ -213,29 +218,31 @@ def served_as_stated(points: list[MeasuredPoint], gpu: str, hypothesis: Hypothes
     return [point for point, _ in kept]
 
 
-def ran_as_stated(points: list[MeasuredPoint], base: Path, rerun: Rerun) -> list[MeasuredPoint]:
+def ran_as_stated(points: list[MeasuredPoint], base: Path, rerun: Rerun
+                  ) -> tuple[list[MeasuredPoint], pl.DataFrame]:
     """`points` less the closed-loop ones whose measured server decoded under half as many requests
     at once as their kernels-alone rerun does (`simulator.sim2real.inflight`, Little's law on the
     mean TTFT and TPOT): a term per sequence or step would be fitted, or judged, on a batch the
-    server never ran (a smaller KV cache, a lower max-num-seqs, a capped client). Says which."""
+    server never ran (a smaller KV cache, a lower max-num-seqs, a capped client). Says which. With
+    the kernels-alone residuals of every point (`fit_terms`' rows)."""
     from simulator.sim2real.inflight import fewer_at_once
 
     residuals = fit_terms(points, [], base, rerun, ()).residuals
     if residuals.is_empty():
-        return points
+        return points, residuals
     shape = pl.DataFrame([{"point": p.name, "gpu": p.gpu, "concurrency": p.concurrency, "rate": p.rate,
                            "output_len": float(p.output_lens[0]) if len(p.output_lens) == 1 else None}
                           for p in points], schema={"point": pl.String, "gpu": pl.String, "concurrency": pl.Int64,
                                                     "rate": pl.Float64, "output_len": pl.Float64})
     fewer, _ = fewer_at_once(residuals.join(shape, on="point"))
     if fewer.is_empty():
-        return points
+        return points, residuals
     click.echo(f"left out {fewer.height} points whose server decoded under half as many requests at once as their "
                "rerun: " + ", ".join(f"{r['point']} ({r['measured']:.1f} of {r['simulated']:.1f})"
                                      for r in fewer.head(5).iter_rows(named=True))
                + (f" and {fewer.height - 5} more" if fewer.height > 5 else ""))
     left = set(fewer["point"].to_list())
-    return [point for point in points if point.name not in left]
+    return [point for point in points if point.name not in left], residuals
 
 
 @click.command("fit")
@@ -291,14 +298,18 @@ def fit_command(results: tuple[Path, ...], gpu: str, out: Path, fit_tp: tuple[in
     hypothesis = Hypothesis(scheduler, num_dataset_entries, sweep, disable_custom_all_reduce)
     points = served_as_stated(points, str(base), hypothesis)
     rerun: Rerun = hypothesis.rerun  # type: ignore[assignment]
-    points = ran_as_stated(points, base, rerun)
+    kept, kernels_alone = ran_as_stated(points, base, rerun)
+    # A point reruns alone, or with its server's other levels (--sweep): leaving points out changes
+    # a sweep's reruns, so the kernels-alone rows are kept for the held-out judgment only if not.
+    reusable = not sweep or len(kept) == len(points)
+    points = kept
     fitted = [p for p in points if not fit_tp or p.tensor_parallel_size in fit_tp]
     held_out = [p for p in points if p not in fitted]
     if not fitted:
         raise InputError(f"--fit-tp {' '.join(map(str, fit_tp))}: no point has that tensor parallel size")
     click.echo(f"fitting {len(fitted)} points ({len(held_out)} held out) on {name}...")
     if held_out:
-        fit, alone, dropped = fit_held_out(fitted, held_out, base, rerun)
+        fit, alone, dropped = fit_held_out(fitted, held_out, base, rerun, kernels_alone if reusable else None)
     else:
         fit, alone, dropped = fit_terms(fitted, held_out, base, rerun), {}, []
     record = {

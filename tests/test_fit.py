@@ -8,10 +8,11 @@ import json
 from pathlib import Path
 
 import numpy as np
+import polars as pl
 import pytest
 from test_compare import ROW, SILICON, outcome, write_csv
 
-from calibration.fit_host import write_profile
+from calibration.fit_host import one_by_one, write_profile
 from simulator.deploy.hardware import load_gpu, profile_dir
 from simulator.sim2real.compare import compare_points
 from simulator.sim2real.measured import read_points
@@ -163,3 +164,22 @@ def test_a_vllm_result_is_fitted_as_measured_on_the_profiles_gpu(tmp_path: Path,
     fit = json.loads((tmp_path / "nested" / "fitted" / "profile.json").read_text())["host_overhead_fit"]
     assert [r["statistic"] for r in fit["residuals"]] == ["ttft_mean", "tpot_mean"]
     assert fit["residuals"][1]["measured"] == pytest.approx(0.009)
+
+
+def test_the_held_out_judgment_reuses_the_kernels_alone_reruns_and_gets_what_a_rerun_gets(tmp_path: Path) -> None:
+    # fit reruns every point on the kernels alone to find those that ran fewer requests at once;
+    # the held-out groups' kernels-alone errors taken from those rows are the ones a second rerun
+    # gives, per TP and statistic, and so is the fit kept.
+    from calibration.fit_host import fit_held_out, group_errors, ran_as_stated
+
+    points = read_points(points_csv(tmp_path))
+    base = profile_dir("h100_sxm")
+    kept, residuals = ran_as_stated(points, base, one_by_one)
+    fitted = [p for p in kept if p.tensor_parallel_size in (2, 8)]
+    held = [p for p in kept if p not in fitted]
+    reused = fit_held_out(fitted, held, base, one_by_one, residuals)
+    rerun = fit_held_out(fitted, held, base, one_by_one)
+    assert reused[1] == rerun[1] and set(reused[1]) == {(4, "ttft_mean"), (4, "tpot_mean")}
+    assert reused[0].values == rerun[0].values and reused[2] == rerun[2]
+    held_rows = residuals.filter(pl.col("tensor_parallel_size") == 4).with_columns(held_out=pl.lit(True))
+    assert group_errors(held_rows) == rerun[1]
