@@ -139,6 +139,7 @@ def not_as_stated(rows: pl.DataFrame) -> set[str]:
 
 
 def summary_lines(regrets: pl.DataFrame) -> list[str]:
+    """One printed line per stack of `regret_summary(regrets)`."""
     return [f"  {r['stack']:<12}{r['regret']:>7.1%} mean regret over {r['cases']} cases; SLO missed by "
             f"{r['missed']:.0%} of picks, nothing predicted to fit in {r['no_pick']:.0%}; random pick "
             f"{r['random']:.1%}, random among feasible {r['random_feasible']:.1%}"
