@@ -146,7 +146,7 @@ def test_a_stand_in_prefill_tables_extrapolation_is_priced_in_the_ranks_own_head
 
     model = load_model("minimax-m2.5")
     cost = measured_cost(model.deployed(None, "auto"), "h200_sxm_vllm", 8)
-    assert cost.tables.prefill_scale == 0.5
+    assert any(note.startswith("prefill attention:") and "scaled by 0.5" in note for note in cost.notes)
     rank, gpu = model.shard(8), load_gpu("h200_sxm_vllm")
     layers = rank.num_layers - rank.sliding_layers
     times = [cost.breakdown(StepShape.from_rows([(n, n)]))["prefill_attention"] for n in (200_000, 300_000)]

@@ -84,18 +84,27 @@ def test_a_windowed_table_whose_rows_take_full_attentions_time_did_not_apply_the
 
 
 def test_a_stand_in_windowed_tables_extrapolation_is_priced_in_the_ranks_own_heads() -> None:
-    # A windowed table of other heads (scaled by 0.5 to the rank's) extrapolates past its largest
-    # context and pairs by the rank's own rooflines, which the scale must not touch again. By hand,
-    # two layers: decode at 400 tokens = 2 x (0.5 x 2 ms + (400 - 200) x 0.01 ms) = 6 ms; prefill
-    # of 500 pairs = 2 x (0.5 x 4 ms + (500 - 300) x 0.02 ms) = 12 ms.
+    # A windowed table of other heads (16 query heads over 2 KV heads, for a rank of 8 over 1: scaled
+    # by 0.5) extrapolates past its largest context and pairs by the rank's own rooflines, which
+    # the scale must not touch again. By hand, two layers: decode at 400 tokens = 2 x (0.5 x 2 ms
+    # + (400 - 200) x 0.01 ms) = 6 ms; prefill of 500 pairs = 2 x (0.5 x 4 ms + (500 - 300) x 0.02 ms)
+    # = 12 ms.
     from collections import Counter
 
-    from simulator.cost import BatchCurves, Curve
+    from simulator.cost import BatchCurves, attention_rows
     from simulator.cost.window import SlidingCurves
 
-    decode = BatchCurves("decode (window)", (1,), (Curve("decode", (100.0, 200.0), (1.0, 2.0)),))
-    prefill = BatchCurves("prefill (window)", (1,), (Curve("prefill", (100.0, 300.0), (2.0, 4.0)),))
-    curves = SlidingCurves(2, 10_000, decode, 0.5, prefill, 0.5)
+    rank = load_model("gpt-oss-120b").shard(8)
+    assert (rank.num_heads, rank.num_kv_heads, rank.head_dim) == (8, 1, 64)
+    heads = {"num_heads": 16, "num_kv_heads": 2, "head_dim": 64, "batch_size": 1}
+    notes: list[str] = []
+    decode = pl.DataFrame([heads | {"context": c, "latency": t} for c, t in ((100, 1.0), (200, 2.0))])
+    prefill = pl.DataFrame([heads | {"pairs": p, "latency": t} for p, t in ((100, 2.0), (300, 4.0))])
+    decode_rows, prefill_rows = (attention_rows(frame, rank, family, notes)
+                                 for frame, family in ((decode, "decode"), (prefill, "prefill")))
+    assert notes and all("scaled by 0.5" in note for note in notes)
+    curves = SlidingCurves(2, 10_000, BatchCurves.from_frame("decode (window)", decode_rows, "context"),
+                           BatchCurves.from_frame("prefill (window)", prefill_rows, "pairs"))
     shape = StepShape.from_rows([(1, 400)])
     decode_ms, _ = curves.time(shape, None, Counter(), lambda b, c: b * c * 0.01, 0.02)  # type: ignore[arg-type]
     assert decode_ms == pytest.approx(6.0)

@@ -79,16 +79,17 @@ class GemmTable:
         return lo, hi, math.log(value / lo) / math.log(hi / lo)
 
 
-def attention_rows(frame: pl.DataFrame, model: ModelSpec, family: str, notes: list[str]) -> tuple[pl.DataFrame, float]:
-    """The measured rows for the model's head configuration, and the factor to scale their times by.
+def attention_rows(frame: pl.DataFrame, model: ModelSpec, family: str, notes: list[str]) -> pl.DataFrame:
+    """The measured rows for the model's head configuration, times in its own heads.
 
     Without an exact match, the nearest measured head count with the same head size and query heads
-    per KV head stands in, scaled linearly in heads (attention's bytes and FLOPs both are)."""
+    per KV head stands in, its times scaled linearly in heads (attention's bytes and FLOPs both
+    are), so that curves built on them extrapolate by the model's own rooflines."""
     heads, kv_heads, head_dim = model.num_heads, model.num_kv_heads, model.head_dim
     exact = frame.filter((pl.col("num_heads") == heads) & (pl.col("num_kv_heads") == kv_heads)
                          & (pl.col("head_dim") == head_dim))
     if exact.height:
-        return exact, 1.0
+        return exact
     same_group = frame.filter((pl.col("head_dim") == head_dim)
                               & (pl.col("num_heads") * kv_heads == pl.col("num_kv_heads") * heads))
     if same_group.height == 0:
@@ -97,4 +98,4 @@ def attention_rows(frame: pl.DataFrame, model: ModelSpec, family: str, notes: li
     stand_in = min(same_group["num_heads"].unique().to_list(), key=lambda h: abs(math.log(h / heads)))
     notes.append(f"{family}: no measurements for {heads} heads / {kv_heads} KV heads; "
                  f"{stand_in}-head measurements scaled by {heads / stand_in:g}")
-    return same_group.filter(pl.col("num_heads") == stand_in), heads / stand_in
+    return same_group.filter(pl.col("num_heads") == stand_in).with_columns(pl.col("latency") * (heads / stand_in))

@@ -49,10 +49,9 @@ class MeasuredTables:
     gemm: GemmTable
     decode: BatchCurves | None
     """None: attention priced by `fallback` (MLA without its tables; sliding windows and sinks where
-    the profile has no windowed tables); with `sliding`, the layers that attend to the whole context."""
-    decode_scale: float
+    the profile has no windowed tables); with `sliding`, the layers that attend to the whole context.
+    Its times are in the rank's own heads, a stand-in table's scaled to them (`attention_rows`)."""
     prefill: BatchCurves | None
-    prefill_scale: float
     elementwise: tuple[tuple[Curve, bool, int, int], ...]
     moe: Curve | None
     """The fused experts' time over tokens (MoE models)."""
@@ -113,22 +112,21 @@ def build_tables(model: ModelSpec, profile: Profile, tensor_parallel_size: int =
     lm_head = base.curve("gemm lm_head", *lm_head_nk, notes)
 
     decode = prefill = None
-    decode_scale = prefill_scale = 1.0
     kv_suffix = _suffix(rank.kv_cache_dtype, profile)
     sliding = sliding_curves(profile, rank, kv_suffix, notes)
     unmeasured = [] if sliding is not None else [what for what, has in (
         ("sliding-window layers", rank.sliding_layers), ("attention sinks", rank.attention_sinks)) if has]
     mla = mla_curves(profile, rank, notes) if rank.is_mla and not unmeasured else None
     if mla is not None:
-        decode, decode_scale, prefill, prefill_scale = mla.decode, mla.decode_scale, mla.prefill, mla.prefill_scale
+        decode, prefill = mla.decode, mla.prefill
     elif unmeasured:
         notes.append(f"attention with {', '.join(unmeasured)}: priced by roofline (the profile's attention "
                      "tables are kernels over the whole context)")
     elif not rank.is_mla:  # MLA without its tables: `mla_curves` said so; the roofline prices it
-        decode_rows, decode_scale = attention_rows(
+        decode_rows = attention_rows(
             _table(profile, f"decode_attention{kv_suffix}", "decode attention"), rank, "decode attention", notes)
         decode = BatchCurves.from_frame("decode attention", decode_rows, "context")
-        prefill_rows, prefill_scale = attention_rows(
+        prefill_rows = attention_rows(
             _table(profile, f"prefill_attention{kv_suffix}", "prefill attention"), rank, "prefill attention", notes)
         prefill_rows = prefill_rows.with_columns(
             pairs=pl.col("new_tokens") * (pl.col("context") - pl.col("new_tokens") + (pl.col("new_tokens") + 1) / 2))
@@ -156,8 +154,8 @@ def build_tables(model: ModelSpec, profile: Profile, tensor_parallel_size: int =
     fallback = None
     if unmeasured or sliding is not None or rank.is_mla or (rank.is_moe and moe is None) or data_parallel_size > 1:
         fallback = RooflineCost(model, gpu, tensor_parallel_size, all_reduce, expert_parallel_size, data_parallel_size)
-    return MeasuredTables(rank, gpu, layer_gemms, lm_head, lm_head_nk, base, decode, decode_scale, prefill,
-                          prefill_scale, tuple(elementwise), moe, moe_table, all_reduce, tensor_parallel_size,
+    return MeasuredTables(rank, gpu, layer_gemms, lm_head, lm_head_nk, base, decode, prefill,
+                          tuple(elementwise), moe, moe_table, all_reduce, tensor_parallel_size,
                           profile.step_overhead, tuple(notes), dense_gemms, fallback, data_parallel_size, all_to_all,
                           sliding)
 
@@ -329,14 +327,12 @@ class MeasuredCost:
             if shape.prefill_seqs:
                 prefill = t.fallback.attention_all_layers(StepShape(shape.prefill_seqs, 0, 0, *shape[3:7]))
         elif shape.decode_seqs:
-            scale, rate, least = t.decode_scale, self._decode_seconds, self._decode_floor_seconds  # `Curve.at`'s floor
-            decode = full * scale * t.decode.at(shape.decode_seqs, shape.decode_context / shape.decode_seqs,
-                                                lambda b, c: b * c * rate / scale, self.extrapolated,
-                                                lambda b, c: b * c * least / scale)
+            least = self._decode_floor_seconds  # `Curve.at`'s floor
+            decode = full * t.decode.at(shape.decode_seqs, shape.decode_context / shape.decode_seqs,
+                                        self.decode_roofline, self.extrapolated, lambda b, c: b * c * least)
         if shape.prefill_seqs and t.prefill is not None:
-            scale = t.prefill_scale  # the roofline is the rank's own heads; the table's are scaled to them
-            prefill = full * scale * t.prefill.at(shape.prefill_seqs, shape.prefill_pairs / shape.prefill_seqs,
-                                                  lambda b, p: self.prefill_roofline(b, p) / scale, self.extrapolated)
+            prefill = full * t.prefill.at(shape.prefill_seqs, shape.prefill_pairs / shape.prefill_seqs,
+                                          self.prefill_roofline, self.extrapolated)
             if t.model.is_mla and t.fallback is not None:  # the cached context's up projection (kv_b)
                 prefill += layers * t.fallback.mla_context_up_projection(shape)
         if t.sliding is not None:

@@ -26,21 +26,19 @@ from simulator.errors import InputError
 @dataclass(frozen=True)
 class MlaCurves:
     """MLA decode and prefill kernels for the model's heads per GPU (or the nearest measured head
-    count, scaled linearly in heads), by the KV cache's dtype."""
+    count, its times scaled linearly in heads), by the KV cache's dtype."""
 
     decode: BatchCurves
-    decode_scale: float
     prefill: BatchCurves
-    prefill_scale: float
 
 
-def _heads(frame: pl.DataFrame, heads: int, family: str, notes: list[str]) -> tuple[pl.DataFrame, float]:
+def _heads(frame: pl.DataFrame, heads: int, family: str, notes: list[str]) -> pl.DataFrame:
     measured = frame["num_heads"].unique().to_list()
     nearest = min(measured, key=lambda h: abs(math.log(h / heads)))
     if nearest != heads:
         notes.append(f"{family}: no measurements for {heads} heads per GPU; {nearest}-head ones scaled by "
                      f"{heads / nearest:g}")
-    return frame.filter(pl.col("num_heads") == nearest), heads / nearest
+    return frame.filter(pl.col("num_heads") == nearest).with_columns(pl.col("latency") * (heads / nearest))
 
 
 def mla_curves(profile: Profile, rank: ModelSpec, notes: list[str]) -> MlaCurves | None:
@@ -52,12 +50,12 @@ def mla_curves(profile: Profile, rank: ModelSpec, notes: list[str]) -> MlaCurves
     if decode is None or prefill is None or decode.height == 0 or prefill.height == 0:
         notes.append(f"MLA attention ({dtype} KV): priced by roofline (the profile has no such MLA kernels)")
         return None
-    decode_rows, decode_scale = _heads(decode, rank.num_heads, "MLA decode attention", notes)
-    prefill_rows, prefill_scale = _heads(prefill, rank.num_heads, "MLA prefill attention", notes)
+    decode_rows = _heads(decode, rank.num_heads, "MLA decode attention", notes)
+    prefill_rows = _heads(prefill, rank.num_heads, "MLA prefill attention", notes)
     prefill_rows = prefill_rows.with_columns(
         pairs=pl.col("new_tokens") * (pl.col("context") - pl.col("new_tokens") + (pl.col("new_tokens") + 1) / 2))
-    return MlaCurves(BatchCurves.from_frame("MLA decode attention", decode_rows, "context"), decode_scale,
-                     BatchCurves.from_frame("MLA prefill attention", prefill_rows, "pairs"), prefill_scale)
+    return MlaCurves(BatchCurves.from_frame("MLA decode attention", decode_rows, "context"),
+                     BatchCurves.from_frame("MLA prefill attention", prefill_rows, "pairs"))
 
 
 def experts_dtype(rank: ModelSpec) -> str:

@@ -42,35 +42,30 @@ class SlidingCurves:
     layers: int
     window: int
     decode: BatchCurves | None
-    """None: the decode rows are left to the roofline."""
-    decode_scale: float
+    """None: the decode rows are left to the roofline. Times in the rank's own heads (`attention_rows`)."""
     prefill: BatchCurves | None
-    prefill_scale: float
 
     def time(self, shape: StepShape, fallback: RooflineCost, record: Counter[str],
              decode_roofline: Callable[[float, float], float], pair_seconds: float) -> tuple[float, float]:
         """(decode, prefill) attention of every sliding-window layer of a step. Past the measured
         shapes, `decode_roofline(sequences, context)` (the full layers', at the context capped at
-        the window) and `pair_seconds` per windowed query-key pair extrapolate, both in the rank's
-        own heads: a stand-in table's scale applies to its measurements, not to them."""
+        the window) and `pair_seconds` per windowed query-key pair extrapolate."""
         decode = prefill = 0.0
         window = self.window
         if shape.decode_seqs:
             if self.decode is None:
                 decode = fallback.sliding_attention(shape, True, False)
             else:
-                scale = self.decode_scale  # the table's heads scaled to the rank's; the roofline is the rank's
-                decode = self.layers * scale * self.decode.at(
+                decode = self.layers * self.decode.at(
                     shape.decode_seqs, shape.decode_context / shape.decode_seqs,
-                    lambda b, context: decode_roofline(b, min(context, window)) / scale, record)
+                    lambda b, context: decode_roofline(b, min(context, window)), record)
         if shape.prefill_seqs:
             if self.prefill is None:
                 prefill = fallback.sliding_attention(shape, False, True)
             else:
                 pairs = min(shape.prefill_pairs, shape.prefill_tokens * window) / shape.prefill_seqs
-                scale = self.prefill_scale
-                prefill = self.layers * scale * self.prefill.at(
-                    shape.prefill_seqs, pairs, lambda b, x: b * x * pair_seconds / scale, record)
+                prefill = self.layers * self.prefill.at(
+                    shape.prefill_seqs, pairs, lambda b, x: b * x * pair_seconds, record)
         return decode, prefill
 
 
@@ -87,7 +82,7 @@ def sliding_curves(profile: Profile, rank: ModelSpec, kv_suffix: str, notes: lis
     if not rank.sliding_layers or rank.is_mla:
         return None
     window = rank.sliding_window
-    found: dict[str, tuple[pl.DataFrame, float] | None] = {}
+    found: dict[str, pl.DataFrame | None] = {}
     for family in ("decode_attention_window", "prefill_attention_window"):
         table = profile.tables.get(family + kv_suffix)
         rows = None if table is None else table.filter(pl.col("window") == window).drop("window")
@@ -107,8 +102,6 @@ def sliding_curves(profile: Profile, rank: ModelSpec, kv_suffix: str, notes: lis
         return None
     return SlidingCurves(
         rank.sliding_layers, window,
-        None if decode is None else BatchCurves.from_frame("decode attention (window)", decode[0], "context"),
-        1.0 if decode is None else decode[1],
+        None if decode is None else BatchCurves.from_frame("decode attention (window)", decode, "context"),
         None if prefill is None else BatchCurves.from_frame(
-            "prefill attention (window)", prefill[0].with_columns(pairs=windowed_pairs(window)), "pairs"),
-        1.0 if prefill is None else prefill[1])
+            "prefill attention (window)", prefill.with_columns(pairs=windowed_pairs(window)), "pairs"))
