@@ -19,6 +19,7 @@ import polars as pl
 from plotly.subplots import make_subplots
 
 from simulator.errors import InputError
+from simulator.sim2real.bandwidth import over_bandwidth
 
 COLUMNS = {"point": "string", "group": "string", "statistic": "string", "measured": "numeric",
            "simulated": "numeric", "error": "numeric"}
@@ -51,11 +52,6 @@ def read_compare_file(path: Path) -> pl.DataFrame:
     if "bandwidth_share" not in rows.columns:
         rows = rows.with_columns(bandwidth_share=pl.lit(None, dtype=pl.Float64))
     return rows.with_columns(pl.col("bandwidth_share").cast(pl.Float64))
-
-
-def over_bandwidth() -> pl.Expr:
-    """Whether a row's point needs more memory bandwidth than its GPUs have (NaN: not checked)."""
-    return pl.col("bandwidth_share").fill_nan(None).fill_null(0.0) > 1
 
 
 def compare_figures(rows: pl.DataFrame) -> dict[str, go.Figure]:

@@ -32,6 +32,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import polars as pl
+
 from simulator.config import RunConfig
 from simulator.cost.operators import weight_bytes_read
 from simulator.deploy.hardware import load_gpu
@@ -121,3 +123,9 @@ def point_share(point: MeasuredPoint, config: RunConfig) -> float:
     if rate is None or traffic is None:
         return math.nan
     return required_share(traffic, rate, point.measured["tpot_mean"])
+
+
+def over_bandwidth() -> pl.Expr:
+    """Whether a `simulate compare` row's point needs more memory bandwidth than its GPUs have, rerun
+    as it states (`bandwidth_share` above 1; NaN or empty: not checked)."""
+    return pl.col("bandwidth_share").fill_nan(None).fill_null(0.0) > 1

@@ -31,6 +31,9 @@ from typing import Any
 import numpy as np
 import polars as pl
 
+from simulator.sim2real.bandwidth import over_bandwidth
+from simulator.sim2real.inflight import fewer_at_once
+
 QUANTILES = (0.25, 0.5, 0.75)
 WORKLOAD = ("group", "input_len", "output_len")
 """What makes a workload, with `stack` where the rows carry one."""
@@ -128,12 +131,9 @@ def regret_summary(regrets: pl.DataFrame) -> pl.DataFrame:
 def not_as_stated(rows: pl.DataFrame) -> set[str]:
     """The points of compare's `rows` whose measurements contradict their stated deployment (module
     docstring): over their GPUs' bandwidth, or fewer requests at once than their rerun."""
-    from simulator.sim2real.inflight import fewer_at_once
-
     flagged: set[str] = set()
     if "bandwidth_share" in rows.columns:
-        over = rows.filter(pl.col("bandwidth_share").fill_nan(None).fill_null(0.0) > 1)
-        flagged |= set(over["point"].to_list())
+        flagged |= set(rows.filter(over_bandwidth())["point"].to_list())
     fewer, _ = fewer_at_once(rows)
     return flagged | (set(fewer["point"].to_list()) if not fewer.is_empty() else set())
 
