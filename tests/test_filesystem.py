@@ -71,6 +71,29 @@ def test_a_full_disk_leaves_no_half_written_table(tmp_path: Path, capsys: pytest
     assert list(tmp_path.iterdir()) == []
 
 
+TINY = ["--num-requests", "4", "--input-len", "32", "--output-len", "3", "--quiet"]
+
+
+@pytest.mark.parametrize(("args", "written"), [
+    (["run", *TINY, "--rate", "20", "--out", "run:1/x"], {"run:1/x/*.parquet": 3}),
+    (["batch-table", "--batch", "1,2", "--out", "bt:1/t.parquet"], {"bt:1/t.parquet": 1}),
+    (["sweep", *TINY, "--rate", "10,20", "--jobs", "1", "--out", "sw:1/s.parquet", "--tables", "tb:1/t"],
+     {"sw:1/s.parquet": 1, "tb:1/t/*/config_id=*/part-0.parquet": 6}),
+])
+def test_an_output_path_that_reads_as_a_uri_is_a_local_file(args: list[str], written: dict[str, int], tmp_path: Path,
+                                                             capsys: pytest.CaptureFixture[str],
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """pyarrow takes a relative path whose first part holds a colon for a URI ('run:1' has the scheme
+    'run') and refused it with a traceback; such a folder is an ordinary local name."""
+    monkeypatch.chdir(tmp_path)
+    code, _, err = simulate(args, capsys)
+    assert code == 0, err
+    found = {pattern: sorted(tmp_path.glob(pattern)) for pattern in written}
+    assert {pattern: len(files) for pattern, files in found.items()} == written
+    assert all(pq.read_metadata(file).num_rows > 0 for files in found.values() for file in files)
+    assert len(list(tmp_path.rglob("*.parquet"))) == sum(written.values())
+
+
 def test_save_result_is_0644_whole_and_inside_its_folder(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                                          umask_022: None) -> None:
     code, _, err = simulate([*SMALL_RUN, "--out", str(tmp_path / "run"), "--save-result", "--result-dir",

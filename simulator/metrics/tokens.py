@@ -90,13 +90,16 @@ class TokensTable:
         return self.log.num_tokens_alone + int(self.log.column("run_count").sum())
 
     def write(self, path: Path, metadata: dict[bytes, bytes], progress: Callable[[int], None] | None = None) -> None:
-        import pyarrow.parquet as pq  # here: a run that writes no tokens table need not load it
+        import pyarrow as pa  # here: a run that writes no tokens table need not load them
+        import pyarrow.parquet as pq
 
         schema = empty_tokens().to_arrow().schema.with_metadata(metadata)
         written = 0
         # Plain encoding and zstd: faster to write and to read than the default (dictionary
         # encoding, snappy), and smaller (docs/performance.md, "Output").
-        with pq.ParquetWriter(path, schema, use_dictionary=False, compression="zstd") as writer:
+        # A local file, never a URI (`simulator.outputs.run_folder.write_parquet`).
+        with (pa.OSFile(str(path), "wb") as sink,
+              pq.ParquetWriter(sink, schema, use_dictionary=False, compression="zstd") as writer):
             for chunk in token_chunks(self.log):
                 writer.write_table(chunk.to_arrow().replace_schema_metadata(metadata))
                 written += chunk.height

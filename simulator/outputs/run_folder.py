@@ -20,6 +20,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 from simulator.engine.build import build_line
@@ -90,7 +91,10 @@ def write_parquet(frame: pl.DataFrame | Columns, path: Path, metadata: dict[str,
     not at all; `progress` is called with the rows written so far (the file is pq.write_table's)."""
     table = frame.to_arrow()
     table = table.replace_schema_metadata(parquet_metadata(metadata))
-    with atomic_file(path) as partial, pq.ParquetWriter(partial, table.schema, use_dictionary=False) as writer:
+    # pyarrow reads a path it is given as a URI where it can ('out:1/x.parquet' has the scheme 'out'):
+    # the file is opened as a local file, never parsed.
+    with (atomic_file(path) as partial, pa.OSFile(str(partial), "wb") as sink,
+          pq.ParquetWriter(sink, table.schema, use_dictionary=False) as writer):
         for offset in range(0, max(table.num_rows, 1), ROW_GROUP_ROWS):
             writer.write_table(table.slice(offset, ROW_GROUP_ROWS), row_group_size=ROW_GROUP_ROWS)
             if progress is not None:
@@ -98,7 +102,8 @@ def write_parquet(frame: pl.DataFrame | Columns, path: Path, metadata: dict[str,
 
 
 def read_metadata(path: Path) -> dict[str, Any]:
-    raw = pq.read_schema(path).metadata or {}
+    with pa.OSFile(str(path)) as source:  # a local file, as `write_parquet`'s
+        raw = pq.read_schema(source).metadata or {}
     return json.loads(raw[METADATA_KEY]) if METADATA_KEY in raw else {}
 
 
