@@ -79,6 +79,8 @@ TINY = ["--num-requests", "4", "--input-len", "32", "--output-len", "3", "--quie
     (["batch-table", "--batch", "1,2", "--out", "bt:1/t.parquet"], {"bt:1/t.parquet": 1}),
     (["sweep", *TINY, "--rate", "10,20", "--jobs", "1", "--out", "sw:1/s.parquet", "--tables", "tb:1/t"],
      {"sw:1/s.parquet": 1, "tb:1/t/*/config_id=*/part-0.parquet": 6}),
+    (["plan", "--model", "tiny", "--input-len", "40", "--output-len", "4", "--max-gpus", "1", "--jobs", "1",
+      "--slo", "p99_ttft_ms<=50", "--out", "plan:1"], {"plan:1/plan.parquet": 1}),
 ])
 def test_an_output_path_that_reads_as_a_uri_is_a_local_file(args: list[str], written: dict[str, int], tmp_path: Path,
                                                              capsys: pytest.CaptureFixture[str],
