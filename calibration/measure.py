@@ -18,6 +18,7 @@ import json
 import math
 import os
 import platform
+import re
 import statistics
 import time
 from collections.abc import Callable
@@ -32,7 +33,7 @@ from calibration.torch_model import Forward, Layers, elementwise_kernels
 from simulator.cost import MeasuredCost, StepShape, build_tables, elementwise_ops
 from simulator.deploy.hardware import TABLE_COLUMNS, load_profile
 from simulator.deploy.model import ModelSpec, load_model
-from simulator.errors import InputError
+from simulator.errors import InputError, clip
 from simulator.outputs.run_folder import check_out_dir
 
 FORMAT = 1
@@ -213,10 +214,10 @@ def import_torch(device: str) -> Any:
         import torch
     except ImportError:
         raise InputError('calibration needs PyTorch: pip install ".[calibrate]"') from None
+    if not (device == "cpu" or re.fullmatch(r"cuda(:\d{1,4})?", device)):
+        raise InputError(f"--device must be cpu or cuda[:N], got {clip(repr(device))}")
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise InputError(f"--device {device}: PyTorch sees no CUDA GPU (use --device cpu --model tiny to try it)")
-    if not (device == "cpu" or device.startswith("cuda")):
-        raise InputError(f"--device must be cpu or cuda[:N], got {device!r}")
     return torch
 
 

@@ -91,8 +91,11 @@ def test_validate_command_prints_both_tables(profile: tuple[Path, float], capsys
     assert codes[-1] == 0 and "decode batch 128" in out and "prefill 2000 tokens" in out
 
 
-def test_calibrate_rejects_a_bad_device(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize("device", ["tpu", "cuda0", "cuda:x", "cudax" * 100])
+def test_calibrate_rejects_a_bad_device(device: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     codes: list[int] = []
-    run(["calibrate", "--model", "tiny", "--device", "tpu", "--out", str(tmp_path / "x")], exit=codes.append)
-    assert codes == [2] and "--device must be cpu or cuda" in capsys.readouterr().err
+    run(["calibrate", "--model", "tiny", "--device", device, "--out", str(tmp_path / "x")], exit=codes.append)
+    err = capsys.readouterr().err
+    assert codes == [2] and err.startswith("error: --device must be cpu or cuda[:N], got ")
+    assert err.count("\n") == 1 and len(err) <= 301  # one line, the value cut as every message cuts it
     assert not (tmp_path / "x").exists()

@@ -94,6 +94,15 @@ def test_parse_length_dist_rejects(spec: str, fragment: str) -> None:
         parse_length_dist(spec)
 
 
+@pytest.mark.parametrize("spec", ["z" * 10**5, "uniform:" + "z" * 10**5, "fixed:" + "z" * 10**5,
+                                  "z" * 10**5 + ":1"])
+def test_a_huge_length_dist_is_named_cut(spec: str) -> None:
+    # The message names the bad value, cut to a few dozen characters: an error stays one short line.
+    with pytest.raises(InputError) as caught:
+        parse_length_dist(spec)
+    assert "zzz..." in str(caught.value) and len(str(caught.value)) < 300
+
+
 def test_length_dist_rejects_bad_construction() -> None:
     with raises("gauss"):
         LengthDist("gauss", None)

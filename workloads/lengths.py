@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from simulator.errors import InputError
+from simulator.errors import InputError, clip
 
 #: Each kind with the default of its one parameter (None: the kind takes no parameter).
 DEFAULT_PARAMS: dict[str, float | None] = {
@@ -43,7 +43,7 @@ class LengthDist:
 
     def __post_init__(self) -> None:
         if self.kind not in DEFAULT_PARAMS:
-            raise InputError(f"unknown length distribution {self.kind!r}; expected {KIND_NAMES}")
+            raise InputError(f"unknown length distribution {clip(repr(self.kind))}; expected {KIND_NAMES}")
         takes_param = DEFAULT_PARAMS[self.kind] is not None
         if not takes_param:
             if self.param is not None:
@@ -94,13 +94,13 @@ def parse_length_dist(spec: str) -> LengthDist:
     name, sep, raw_param = spec.strip().partition(":")
     name = name.strip().lower()
     if name not in DEFAULT_PARAMS:
-        raise InputError(f"unknown length distribution {name!r} in {spec!r}; expected {KIND_NAMES}")
+        raise InputError(f"unknown length distribution {clip(repr(name))} in {clip(repr(spec))}; expected {KIND_NAMES}")
     if not sep:
         return LengthDist(name, DEFAULT_PARAMS[name])
     if DEFAULT_PARAMS[name] is None:
-        raise InputError(f"length distribution {name!r} takes no parameter, got {spec!r}")
+        raise InputError(f"length distribution {name!r} takes no parameter, got {clip(repr(spec))}")
     try:
         param = float(raw_param)
     except ValueError:
-        raise InputError(f"bad parameter {raw_param!r} in length distribution {spec!r}") from None
+        raise InputError(f"bad parameter {clip(repr(raw_param))} in length distribution {clip(repr(spec))}") from None
     return LengthDist(name, param)
