@@ -1,5 +1,5 @@
-"""The whole input surface fuzzed (hypothesis): every option of run, batch-table, sweep, compare, fit
-and report read from its click command, sweep files, traces, model configs, GPU profiles and measured
+"""The whole input surface fuzzed (hypothesis): every option of run, batch-table, sweep, compare, fit,
+validate and report read from its click command, sweep files, traces, model configs, GPU profiles and measured
 results, malformed at random. Each call exits 0 with sane output or non-zero with one line starting
 'error:'; never a traceback, a warning, a hang or a half-written output (fuzz_surface.check)."""
 
@@ -27,6 +27,7 @@ HELD = {
     "sweep": frozenset({"--jobs", "--executor", "--address"}),
     "compare": frozenset(),
     "fit": frozenset(),
+    "validate": frozenset(),
     "report": frozenset({"--open"}),  # a browser
 }
 
@@ -65,6 +66,7 @@ PROCESS_ENV = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[
 @fuzz_settings(ci_examples=60)
 @given(drawn=command_lines("run", HELD["run"]))
 @example(drawn=["--policy", HUGE])  # click quoted a bad choice whole: 10^5 characters on stderr
+@example(drawn=["--input-len-dist", HUGE])  # the distribution's name echoed whole
 def test_run_options(drawn: list[str]) -> None:
     fuzz_verb(["run", *TINY, *drawn])
 
@@ -104,6 +106,13 @@ SILICON_POINTS = ("id,backend,backend_version,model_path,system,precision,gemm_q
 @given(drawn=command_lines("fit", HELD["fit"], at_most=3))
 def test_fit_options(drawn: list[str]) -> None:
     fuzz_verb(["fit", "points.csv", "--gpu", "h100_sxm", "--out", "profile", *drawn], {"points.csv": SILICON_POINTS})
+
+
+@fuzz_settings(ci_examples=8)
+@given(drawn=command_lines("validate", HELD["validate"], at_most=3))
+@example(drawn=["--reference", HUGE])  # the file system's message quotes the path: cut from its start
+def test_validate_options(drawn: list[str]) -> None:
+    fuzz_verb(["validate", *drawn])
 
 
 @fuzz_settings(ci_examples=15)
