@@ -134,8 +134,15 @@ def fit_terms(points: list[Any], held_out: list[Any], base: Path, rerun: Rerun =
             rows, jacobian = _run(points, base, values, Path(work), round_, rerun)
             theta = np.array([values[name] for name in TERMS])
             solved = np.zeros(len(TERMS))
-            solved[free] = lsq_linear(jacobian[:, free], jacobian @ theta - rows["error"].to_numpy(),
-                                      bounds=(0, np.inf)).x
+            # Points that cannot tell two terms apart (their slopes in proportion: two points at one
+            # TP) make the trust-region steps divide by 0 on the way to the bounded least squares
+            # solution, which is found all the same; numpy's warning about it is not the user's.
+            with np.errstate(invalid="ignore", divide="ignore"):
+                solved[free] = lsq_linear(jacobian[:, free], jacobian @ theta - rows["error"].to_numpy(),
+                                          bounds=(0, np.inf)).x
+            if not np.isfinite(solved).all():
+                raise InputError(f"the host terms could not be fitted to these {len(points)} points (the least "
+                                 "squares gave no finite solution): fit on more points")
             moved = np.abs(solved - theta) > np.maximum(0.01 * np.abs(theta), 1e-9)
             values = dict(zip(TERMS, (float(v) for v in solved), strict=True))
             if not moved.any():

@@ -104,6 +104,7 @@ SILICON_POINTS = ("id,backend,backend_version,model_path,system,precision,gemm_q
 
 @fuzz_settings(ci_examples=12)
 @given(drawn=command_lines("fit", HELD["fit"], at_most=3))
+@example(drawn=["--fit-tp", "2", "--disable-custom-all-reduce"])  # a RuntimeWarning: 2 points, 2 terms alike
 def test_fit_options(drawn: list[str]) -> None:
     fuzz_verb(["fit", "points.csv", "--gpu", "h100_sxm", "--out", "profile", *drawn], {"points.csv": SILICON_POINTS})
 
