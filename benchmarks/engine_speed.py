@@ -267,10 +267,22 @@ def paired(news: list[dict[str, Any]], refs: list[dict[str, Any]]) -> tuple[floa
     return float(np.median(walls)), cpu, walls[0], walls[-1]
 
 
+def writes_tokens(tree: Path) -> bool:
+    """Whether the engine_speed of the checkout `tree` can write the tokens table (`--tokens-dir`)."""
+    script = tree / "benchmarks" / "engine_speed.py"
+    return script.is_file() and "--tokens-dir" in script.read_text()
+
+
 def speed_table(sizes: list[int], cases: list[str], old: Path | None, repeat: int, tokens: bool,
                 measured: list[str]) -> None:
     """Each case on each build and on the baseline, `repeat` times in turn; medians, and ratios of
-    runs made back to back."""
+    runs made back to back. With `tokens`, the baseline writes the tokens table too where its own
+    benchmark can; where it cannot, the ratios compare runs with the table to runs without, and a
+    line says so."""
+    baseline_tokens = tokens and old is not None and writes_tokens(old)
+    if tokens and old is not None and not baseline_tokens:
+        print("the baseline's benchmark cannot write the tokens table: its runs are without it, and the ratios to "
+              "it compare unlike runs")
     print(f"{'case':<21}{'requests':>9}{'build':>9}{'wall s':>8}{'cpu s':>7}{'engine s':>9}{'tokens s':>9}"
           f"{'steps':>9}{'peak MB':>8}{'baseline wall s':>16}{'cpu s':>7}{'wall / baseline':>16}{'pairs':>11}"
           f"{'cpu / baseline':>15}{'wall / pure':>12}{'cpu / pure':>11}")
@@ -283,7 +295,7 @@ def speed_table(sizes: list[int], cases: list[str], old: Path | None, repeat: in
                     runs[build].append(measure(ROOT, case, n, tokens, build))
                 if reference is not None:
                     assert old is not None
-                    runs["baseline"].append(measure(old, reference, n, False))
+                    runs["baseline"].append(measure(old, reference, n, baseline_tokens))
             for build in measured:
                 new = median_run(runs[build])
                 line = (f"{case:<21}{n:>9}{build:>9}{new['wall_s']:>8.2f}{new['cpu_s']:>7.2f}{new['engine_s']:>9.2f}"
