@@ -299,3 +299,15 @@ def test_a_plan_on_ray_finds_what_it_finds_locally(tmp_path: Path, capsys: pytes
     columns = ["deployment", "max_rate", "max_rate_high", "how", "simulate_args"]
     assert on_ray.select(columns).sort("deployment").equals(local.select(columns).sort("deployment"))
     assert local["how"].str.contains("simulated").any()
+
+
+def test_a_space_every_server_of_which_is_refused_is_one_line_and_no_folder(tmp_path: Path,
+                                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    # A budget of fewer tokens than --max-num-seqs is refused per server (vLLM refuses it); when that
+    # leaves no server there is nothing to plan, and the error names the values, before any output.
+    out = tmp_path / "p"
+    code, _, err = simulate_cli(["plan", *SMALL, "--policy", "chunked", "--max-num-seqs", "8",
+                                 "--max-num-batched-tokens", "4", "--out", str(out)], capsys)
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert "8 > 4 with --policy chunked" in err and "Traceback" not in err
+    assert not out.exists()

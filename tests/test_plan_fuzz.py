@@ -22,6 +22,7 @@ HELD = frozenset({"--jobs"})
 @example(drawn=["--policy", Huge("x" * 10**5)])
 @example(drawn=["--gpu-hourly-cost", "tiny=nan"])
 @example(drawn=["--margin", "auto"])
+@example(drawn=["--max-num-batched-tokens", "1"])  # every server refused: nothing to write a plan of
 def test_plan_options(drawn: list[str]) -> None:
     with tempfile.TemporaryDirectory() as scratch, in_folder(Path(scratch)) as folder:
         outcome = simulate(["plan", *SMALL, "--out", "plan", *drawn])

@@ -93,14 +93,19 @@ def server_settings(fixed: dict[str, Any], axes: dict[str, list[Any]], max_gpus:
     names += [name for name in axes if name not in searched and name not in FLEET_SETTINGS]
     lists: list[list[Any]] = [axes.get(name, searched.get(name, [])) for name in names]
     base = {k: v for k, v in DEFAULTS.items() if k not in WORKLOAD_SETTINGS} | fixed
-    servers = []
+    servers, refused = [], None
     for values in itertools.product(*lists):
         settings = base | dict(zip(names, values, strict=True)) | {"num_replicas": 1, "router": "round-robin"}
         for name in POOL_SIZES:
             settings[name] = None
         if settings["policy"] != "static" and settings["max_num_seqs"] > settings["max_num_batched_tokens"]:
-            continue  # vLLM refuses it; not a deployment anyone would try
+            refused = refused or settings  # vLLM refuses it; not a deployment anyone would try
+            continue
         servers.append(settings)
+    if not servers and refused is not None:
+        raise InputError(f"nothing to plan: every server has --max-num-seqs above --max-num-batched-tokens (such as "
+                         f"{refused['max_num_seqs']} > {refused['max_num_batched_tokens']} with --policy "
+                         f"{refused['policy']}), which vLLM refuses; raise the budget or lower --max-num-seqs")
     return servers
 
 
