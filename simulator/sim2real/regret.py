@@ -100,9 +100,14 @@ def group_regret(group: pl.DataFrame, quantile: float) -> dict[str, Any] | None:
 
 
 def planning_regret(rows: pl.DataFrame, quantiles: tuple[float, ...] = QUANTILES) -> pl.DataFrame:
-    """One row per (workload, quantile): the TPOT limit, the pick's regret, whether it missed the limit
-    in reality or nothing was predicted to fit, and the two baselines."""
-    table = points(rows)
+    """One row per (workload, quantile) of compare's `rows`: the TPOT limit, the pick's regret, whether
+    it missed the limit in reality or nothing was predicted to fit, and the two baselines."""
+    return cases(points(rows), quantiles)
+
+
+def cases(table: pl.DataFrame, quantiles: tuple[float, ...] = QUANTILES) -> pl.DataFrame:
+    """`planning_regret` of a table of `points` (one row per point, so a filter of it is the table of
+    the same filter of the rows)."""
     keys = [c for c in ("stack", *WORKLOAD) if c in table.columns]
     found = []
     for key, group in table.group_by(keys, maintain_order=True):
@@ -149,17 +154,17 @@ def summary_lines(regrets: pl.DataFrame) -> list[str]:
 def regret_lines(rows: pl.DataFrame) -> list[str]:
     """What `simulate compare` prints: the regret per stack, or why there is none; and again without
     the points that did not run as stated, where any of the judged points did not."""
-    regrets = planning_regret(rows)
+    table = points(rows)
+    regrets = cases(table)
     if regrets.is_empty():
         return ["planning regret: no workload has two or more measured deployments"]
-    table = points(rows)
     predicted = int(table["predicted_tokens"].is_finite().fill_null(False).sum()) / max(table.height, 1)
     lines = ["planning regret (pick the highest predicted tokens/s/GPU under a TPOT limit at each workload's "
              f"25th/50th/75th measured-TPOT percentile; {predicted:.0%} of {table.height} points predicted):",
              *summary_lines(regrets)]
     left = not_as_stated(rows) & set(table["point"].to_list())
     if left:
-        kept = planning_regret(rows.filter(~pl.col("point").is_in(sorted(left))))
+        kept = cases(table.filter(~pl.col("point").is_in(sorted(left))))
         lines.append(f"and without the {len(left)} points that did not run as stated (over their GPUs' bandwidth, "
                      "or fewer requests at once than their rerun: listed below):")
         lines += summary_lines(kept) if not kept.is_empty() else ["  no workload has two or more such deployments"]
