@@ -128,6 +128,29 @@ def test_with_a_rate_the_plan_picks_the_fewest_gpus_that_serve_it(tmp_path: Path
     assert picked["gpus"][0] == 3 and "pick: 3xTP1 random" in stdout
 
 
+def test_with_a_rate_the_fleets_that_serve_it_rank_by_their_searched_capacity(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # Two replicas serve 1.5 x one server's capacity behind either router. The random router's
+    # capacity is derived (2 x one, Poisson thinning); round robin's must be searched too, not left
+    # at the target it was probed at, or "the most headroom" would compare a capacity with a floor.
+    pinned = ["--policy", "chunked", "--max-num-batched-tokens", "512", "--max-num-seqs", "64", "--max-gpus", "2",
+              "--router", "random,round-robin"]
+    rows, _ = plan_rows(tmp_path, capsys, *pinned)
+    one = rows.filter(pl.col("num_replicas") == 1, pl.col("how") == "simulated")["max_rate"].max()
+    assert isinstance(one, float) and one > 0
+    target = 1.5 * one
+    out = tmp_path / "rate"
+    code, stdout, err = simulate_cli(["plan", *SMALL, *pinned, "--rate", f"{target!r}", "--out", str(out)], capsys)
+    assert code == 0, err
+    fleets = pl.read_parquet(out / "plan.parquet").filter(pl.col("viable"), pl.col("num_replicas") == 2)
+    assert sorted(fleets["router"].to_list()) == ["random", "round-robin"]
+    assert (fleets["max_rate"] >= target).all() and "probed at --rate" not in fleets["how"].to_list()
+    robin = fleets.filter(pl.col("router") == "round-robin").row(0, named=True)
+    assert robin["max_rate"] > target and robin["max_rate_high"] is not None  # a bracket, not a floor
+    best = fleets.sort("max_rate", descending=True).row(0, named=True)
+    assert f"pick: 2xTP1 {best['router']}" in stdout
+
+
 def test_the_bound_is_above_every_capacity_found(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     rows, _ = plan_rows(tmp_path, capsys, "--exhaustive", "--policy", "chunked,continuous",
                         "--max-num-batched-tokens", "512,2048", "--max-num-seqs", "8,64")

@@ -10,7 +10,8 @@ them serve exactly k times one server's capacity with the same latencies. Replic
 routers and prefill/decode pools are then searched for the best `FLEET_CANDIDATES` servers of each
 tensor-parallel size and GPU, from the random router's capacity up. With a target rate, the fewest
 GPUs (or the cheapest) that serve it: every fleet size, each probed at the target, skipping those
-that cost more than the cheapest found. Every probe is kept in the plan folder
+that cost more than the cheapest found; one that serves it has its capacity searched up from the
+target, its headroom then comparable with every other's. Every probe is kept in the plan folder
 (`simulator.plan.resume`) for an interrupted plan to resume.
 """
 
@@ -117,9 +118,9 @@ class Outcome:
 
 def evaluate(deployment: Deployment, slos: Slos, start: float, bound: float, precision: float,
              target: float | None, seeds: int = 1, store: ProbeStore | None = None, needed: float = 0.0) -> Outcome:
-    """One deployment's capacity (with `target`: its verdict at that rate alone), simulated, each probe
-    kept in `store` (`simulator.plan.resume`); when it fails at `needed` (the rate it must serve to
-    beat the best found) the search stops there."""
+    """One deployment's capacity (with `target`: its verdict there, searched up from it where it serves
+    it), simulated, each probe kept in `store` (`simulator.plan.resume`); when it fails at `needed`
+    (the rate it must serve to beat the best found) the search stops there."""
     servers = deployment.servers
     count = requests_for(slos, servers)
     settings = deployment.settings
@@ -136,9 +137,13 @@ def evaluate(deployment: Deployment, slos: Slos, start: float, bound: float, pre
 
     if target is not None:
         result = run(target)
-        capacity = Capacity(target if result.met else 0.0, None if result.met else target,
-                            result if result.met else None, [result])
-        return Outcome(deployment, bound, capacity, num_requests=count, how="probed at --rate")
+        if not result.met:
+            return Outcome(deployment, bound, Capacity(0.0, target, None, [result]), num_requests=count,
+                           how="probed at --rate")
+        # It serves the target: its capacity is searched up from there, so that its headroom ranks
+        # against the capacities of single servers and random-router fleets, searched or derived.
+        return Outcome(deployment, bound, find_capacity(run, target, bound, precision, passed=result),
+                       num_requests=count)
     screen = None
     if needed > 0:
         screen = run(needed)
