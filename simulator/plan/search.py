@@ -135,17 +135,15 @@ def evaluate(deployment: Deployment, slos: Slos, start: float, bound: float, pre
         store.keep(key, result)
         return result
 
+    screen = None
     if target is not None:
-        result = run(target)
-        if not result.met:
-            return Outcome(deployment, bound, Capacity(0.0, target, None, [result]), num_requests=count,
+        screen = run(target)
+        if not screen.met:
+            return Outcome(deployment, bound, Capacity(0.0, target, None, [screen]), num_requests=count,
                            how="probed at --rate")
         # It serves the target: its capacity is searched up from there, so that its headroom ranks
         # against the capacities of single servers and random-router fleets, searched or derived.
-        return Outcome(deployment, bound, find_capacity(run, target, bound, precision, passed=result),
-                       num_requests=count)
-    screen = None
-    if needed > 0:
+    elif needed > 0:
         screen = run(needed)
         if not screen.met:
             return Outcome(deployment, bound, Capacity(math.nan, needed, None, [screen]),
