@@ -7,6 +7,7 @@ through the command line and over more layouts)."""
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import re
@@ -226,6 +227,37 @@ def test_malformed_compare_files(data: st.DataObject) -> None:
         assert outcome.code == 0 or "rows.parquet" in outcome.err, outcome
         if outcome.code == 0:
             assert "<script>alert(1)" not in (folder / "rows.html").read_text()
+
+
+@functools.cache
+def small_run_folder() -> Path:
+    """One short run's folder, written once per process and copied by each example."""
+    folder = Path(tempfile.mkdtemp(prefix="servesim-fuzz-run-")) / "run"
+    outcome = simulate(["--rate", "8", "--num-requests", "20", "--out", str(folder)])
+    assert outcome.code == 0, outcome
+    return folder
+
+
+@fuzz_settings(ci_examples=20)
+@given(table=st.sampled_from(["requests", "steps", "tokens"]), data=st.data())
+def test_malformed_run_folder_tables(table: str, data: st.DataObject) -> None:
+    """One cell of a run folder's table changed to null or an edge of its type: `simulate report`
+    draws the run or refuses in one line naming the file, and writes no page when it refuses."""
+    with tempfile.TemporaryDirectory() as scratch, in_folder(Path(scratch)) as folder:
+        run = Path(shutil.copytree(small_run_folder(), folder / "run"))
+        path = run / f"{table}.parquet"
+        frame = pl.read_parquet(path)
+        column = data.draw(st.sampled_from([name for name, dtype in frame.schema.items()
+                                            if dtype.is_numeric() or dtype == pl.Boolean]))
+        dtype = frame[column].dtype
+        edges: list[Any] = ([None, 0.0, -1.0, math.nan, math.inf, -math.inf, 1e308, 1e-300] if dtype.is_float()
+                            else [None, True, False] if dtype == pl.Boolean else [None, 0, -1, 2**62])
+        cells = frame[column].to_list()
+        cells[data.draw(st.integers(0, len(cells) - 1))] = data.draw(st.sampled_from(edges))
+        frame.with_columns(pl.Series(column, cells, dtype=dtype)).write_parquet(path)
+        outcome = outcome_in(folder, ["report", "run"])
+        assert outcome.code == 0 or f"{table}.parquet" in outcome.err, outcome
+        assert (run / "report.html").exists() == (outcome.code == 0)
 
 
 VLLM = {"model_id": "meta-llama/Llama-3.1-8B-Instruct", "num_prompts": 4, "request_rate": "inf", "burstiness": 1.0,

@@ -75,6 +75,39 @@ def test_parquet_without_a_drawn_column_is_named(small_run: Path, tmp_path: Path
     refused(["report", str(folder)], capsys, "column ttft holds String, not numeric values")
 
 
+@pytest.mark.parametrize(("table", "column", "value", "named"), [
+    ("requests", "ttft", float("nan"), "column ttft holds nan at row 3"),
+    ("requests", "e2el", float("inf"), "column e2el holds inf at row 3"),
+    ("steps", "num_waiting", -2, "column num_waiting holds -2 at row 3"),
+    ("tokens", "time", -0.5, "column time holds -0.5 at row 3"),
+    ("requests", "ttft", None, "the finished request at row 3 has no ttft"),
+])
+def test_a_value_no_run_writes_is_named(small_run: Path, tmp_path: Path, table: str, column: str, value: object,
+                                        named: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """A run writes its times, counts and tokens as numbers of at least 0 and null where none happened,
+    and a finished request has every time; a NaN drew nothing but a traceback before."""
+    folder = copy_of(small_run, tmp_path)
+    path = folder / f"{table}.parquet"
+    frame = pl.read_parquet(path)
+    assert frame["finished"][3] if table == "requests" else True
+    cells = frame[column].to_list()
+    cells[3] = value
+    frame.with_columns(pl.Series(column, cells, dtype=frame[column].dtype)).write_parquet(path)
+    refused(["report", str(folder)], capsys, repr(str(path)), named)
+    assert not (folder / "report.html").exists()
+
+
+def test_a_run_whose_latencies_are_all_zero_still_gets_a_page(small_run: Path, tmp_path: Path,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    """Zero is a number a file may hold: nothing to place on the log axes, and still a page."""
+    folder = copy_of(small_run, tmp_path)
+    path = folder / "requests.parquet"
+    pl.read_parquet(path).with_columns(ttft=0.0, e2el=0.0).write_parquet(path)
+    code, _, err = simulate_cli(["report", str(folder)], capsys)
+    assert code == 0, err
+    assert 'id="latency"' in (folder / "report.html").read_text()
+
+
 @pytest.mark.parametrize(("edit", "named"), [
     ('{"settings": {}, "summary": {"completed": 1', "is not valid JSON (Expecting"),
     ("[1, 2]", "is not a run's summary"),

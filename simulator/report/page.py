@@ -40,6 +40,10 @@ COLUMNS = {
 }
 OPTIONAL_COLUMNS = {"steps.parquet": {"prefix_cache_queried_tokens": "integer", "prefix_cache_hit_tokens": "integer"}}
 """Read, their kinds checked, when present (runs written before prefix caching lack them)."""
+NULLABLE = {"requests.parquet": {"first_token", "finish", "ttft", "tpot", "e2el"}}
+"""The drawn columns a run leaves null where the time did not happen (a request unfinished, or of one token)."""
+LARGEST = 1e12
+"""No run's time (s), count or token index comes near: past it a value is not a run's (and overflows in ms)."""
 
 
 @dataclass(frozen=True)
@@ -99,10 +103,37 @@ def read_table(path: Path) -> pl.DataFrame:
             dtype = schema[name]
             if not (dtype == pl.Boolean if kind == "boolean" else getattr(dtype, f"is_{kind}")()):
                 raise InputError(f"{str(path)!r}: column {name} holds {dtype}, not {kind} values")
-        return pl.read_parquet(path, columns=list(columns))
+        frame = pl.read_parquet(path, columns=list(columns))
     except (OSError, pl.exceptions.PolarsError) as exc:
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise InputError(f"{str(path)!r} is not a readable Parquet file ({reason[:120]})") from None
+    check_values(path, frame)
+    return frame
+
+
+def check_values(path: Path, frame: pl.DataFrame) -> None:
+    """Every number a run writes is finite, from 0 to `LARGEST`, null only where a time did not happen
+    (`NULLABLE`), and a finished request has its first token, finish, TTFT and E2EL: refuse the first
+    value that is not."""
+    import polars as pl
+
+    for name, dtype in frame.schema.items():
+        column = frame[name]
+        bad = column.is_null() & (name not in NULLABLE.get(path.name, ()))
+        if dtype != pl.Boolean:
+            out = (column < 0) | (column > LARGEST)
+            bad |= (out | ~column.is_finite() if dtype.is_float() else out).fill_null(False)
+        if bad.any():
+            row = int(bad.arg_true()[0])
+            raise InputError(f"{str(path)!r}: column {name} holds {column[row]!r} at row {row}; a run writes "
+                             f"times, counts and tokens as numbers from 0 to {LARGEST:g}, and null only where a "
+                             "time did not happen")
+    if path.name == "requests.parquet":
+        for name in ("first_token", "finish", "ttft", "e2el"):
+            missing = frame["finished"] & frame[name].is_null()
+            if missing.any():
+                row = int(missing.arg_true()[0])
+                raise InputError(f"{str(path)!r}: the finished request at row {row} has no {name}")
 
 
 def read_run_folder(folder: Path) -> RunFolder:

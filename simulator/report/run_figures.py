@@ -47,7 +47,10 @@ def duration_text(seconds: float) -> str:
 def label_sides(values: np.ndarray, marks: np.ndarray) -> list[str]:
     """Each percentile label's side: toward the middle of the log axis, so it stays inside the panel;
     the last (p99) above its mark, clear of p90's label."""
-    low, high = np.log10(values[values > 0].min()), np.log10(values.max())
+    positive = values[values > 0]
+    if not len(positive):  # nothing to place on a log axis: every label to the right of its mark
+        return ["middle right"] * len(marks)
+    low, high = np.log10(positive.min()), np.log10(positive.max())
     sides = ["right" if np.log10(max(mark, 1e-300)) < (low + high) / 2 else "left" for mark in marks]
     return [f"{'top' if i == len(marks) - 1 else 'middle'} {side}" for i, side in enumerate(sides)]
 
