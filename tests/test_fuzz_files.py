@@ -260,6 +260,27 @@ def test_malformed_run_folder_tables(table: str, data: st.DataObject) -> None:
         assert (run / "report.html").exists() == (outcome.code == 0)
 
 
+KEPT_PROBE = {"key": "0" * 64, "rate": 4.0, "met": True, "overloaded": False, "values": {"p99_ttft": 0.2},
+              "output_throughput": 900.0, "request_throughput": 3.9, "mean_e2el": 2.5}
+"""A line of a plan folder's kept probes (`simulator.plan.resume`)."""
+
+
+@fuzz_settings(ci_examples=60)
+@given(text=mutated_json(KEPT_PROBE))
+def test_malformed_kept_probes(text: bytes) -> None:
+    """A kept probe's line changed at random is read as a probe a plan could have measured, or not
+    at all (that probe is simulated again); it never raises."""
+    from simulator.plan.resume import parse_probe
+
+    parsed = parse_probe(text.decode(errors="replace"))
+    if parsed is not None:
+        probe = parsed[1]
+        assert math.isfinite(probe.rate) and probe.rate > 0
+        assert all(not x < 0 and not math.isinf(x)
+                   for x in (probe.output_throughput, probe.request_throughput, probe.mean_e2el))
+        assert all(not v < 0 for v in probe.values.values())
+
+
 VLLM = {"model_id": "meta-llama/Llama-3.1-8B-Instruct", "num_prompts": 4, "request_rate": "inf", "burstiness": 1.0,
         "max_concurrency": 2, "completed": 4, "total_input_tokens": 400, "total_output_tokens": 40,
         "request_throughput": 4.0, "output_throughput": 40.0, "mean_ttft_ms": 20.0, "mean_tpot_ms": 9.0}

@@ -238,34 +238,65 @@ def test_a_trace_is_scaled_by_its_speed_and_its_random_fleets_are_simulated(tmp_
     assert "--rate" not in fleet["simulate_args"]
 
 
-def test_an_interrupted_plan_resumes_from_its_kept_probes(tmp_path: Path, capsys: pytest.CaptureFixture[str],
-                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+RESUMED = ["--policy", "chunked", "--max-num-batched-tokens", "512,2048", "--num-replicas", "1"]
+
+
+def interrupted_plan(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                     monkeypatch: pytest.MonkeyPatch) -> tuple[pl.DataFrame, Path, list[float]]:
+    """The plan of `RESUMED` whole, and the same plan into a folder of its own interrupted (Ctrl-C)
+    after three probes: (whole plan, its folder, the rates probed since, counted on from there)."""
     import simulator.plan.search as search
 
-    pinned = ["--policy", "chunked", "--max-num-batched-tokens", "512,2048", "--num-replicas", "1"]
-    whole, _ = plan_rows(tmp_path, capsys, *pinned)
+    whole, _ = plan_rows(tmp_path, capsys, *RESUMED)
     real = search.probe
     calls: list[float] = []
 
     def counted(settings: dict[str, object], slos: object, rate: float, *args: object) -> object:
-        if len(calls) == 3 and interrupt:
+        if len(calls) == 3:
             raise KeyboardInterrupt
         calls.append(rate)
         return real(settings, slos, rate, *args)  # type: ignore[arg-type]
 
     monkeypatch.setattr(search, "probe", counted)
     out = tmp_path / "resumed"
-    interrupt = True
-    code, _, err = simulate_cli(["plan", *SMALL, *pinned, "--out", str(out)], capsys)  # Ctrl-C
+    code, _, err = simulate_cli(["plan", *SMALL, *RESUMED, "--out", str(out)], capsys)  # Ctrl-C
     assert code == 1 and "aborted" in err
     assert not (out / "plan.parquet").exists() and len(list((out / ".probes").glob("*.jsonl"))) == 1
-    interrupt = False
-    code, stdout, err = simulate_cli(["plan", *SMALL, *pinned, "--out", str(out)], capsys)
+    calls.clear()
+
+    def resumed(settings: dict[str, object], slos: object, rate: float, *args: object) -> object:
+        calls.append(rate)
+        return real(settings, slos, rate, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(search, "probe", resumed)
+    return whole, out, calls
+
+
+def test_an_interrupted_plan_resumes_from_its_kept_probes(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    whole, out, calls = interrupted_plan(tmp_path, capsys, monkeypatch)
+    code, stdout, err = simulate_cli(["plan", *SMALL, *RESUMED, "--out", str(out)], capsys)
     assert code == 0 and "resuming the plan" in stdout, err
-    total = int(whole["probes"].sum())
-    assert len(calls) == total  # three before the interruption, the rest after: none twice
+    assert len(calls) == int(whole["probes"].sum()) - 3  # three before the interruption, the rest after: none twice
     resumed = pl.read_parquet(out / "plan.parquet")
     assert resumed.drop("launch").equals(whole.drop("launch")) and not (out / ".probes").exists()
+
+
+def test_kept_probes_that_no_probe_measured_are_simulated_again(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """The kept probes are untrusted: one whose line names another rate than its key's, and one with a
+    negative throughput, are not taken; the intact one is, and the plan is the uninterrupted one."""
+    whole, out, calls = interrupted_plan(tmp_path, capsys, monkeypatch)
+    (kept_file,) = (out / ".probes").glob("*.jsonl")
+    lines = [json.loads(line) for line in kept_file.read_text().splitlines()]
+    assert len(lines) == 3
+    lines[0]["rate"] *= 2
+    lines[1]["output_throughput"] = -lines[1]["output_throughput"] - 1
+    kept_file.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    code, _, err = simulate_cli(["plan", *SMALL, *RESUMED, "--out", str(out)], capsys)
+    assert code == 0, err
+    assert len(calls) == int(whole["probes"].sum()) - 1  # only the intact kept probe is not run again
+    assert pl.read_parquet(out / "plan.parquet").drop("launch").equals(whole.drop("launch"))
 
 
 def test_goodput_attainment_holds_at_max_rate_on_a_rerun(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -2,12 +2,14 @@
 line per probe, a file per process), and a plan rerun into the same folder reads them back instead of
 simulating again. A probe is deterministic given its settings, SLOs, rate, request count and seeds,
 so the rerun finds the same capacities. The files are untrusted: a line that is not a well-formed
-probe is ignored (that probe is simulated again)."""
+probe, or whose numbers no probe measures, is ignored, and so is a kept probe at another rate than
+the one its key was asked for (that probe is simulated again)."""
 
 from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,6 +46,11 @@ def parse_probe(line: str) -> tuple[str, Probe] | None:
                        for k, v in values.items())):
         return None
     rate, output, request, e2el = (float(x) for x in numbers)  # type: ignore[arg-type]
+    # A probe's rate is a positive number; its throughputs, E2EL and SLO values are at least 0 or NaN
+    # (a probe stopped early measured none), an SLO's value +inf where nothing finished.
+    if not (math.isfinite(rate) and rate > 0) or any(x < 0 or math.isinf(x) for x in (output, request, e2el)) or any(
+            v < 0 for v in values.values()):
+        return None
     met, overloaded = bool(flags[0]), bool(flags[1])
     return data["key"], Probe(rate, met, overloaded, {k: float(v) for k, v in values.items()}, output, request, e2el)
 

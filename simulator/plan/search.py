@@ -129,8 +129,9 @@ def evaluate(deployment: Deployment, slos: Slos, start: float, bound: float, pre
         if store is None:
             return probe(settings, slos, rate, count, seeds)
         key = store.key(settings, slos, rate, count, seeds)
-        if key in store.kept:
-            return store.kept[key]
+        kept = store.kept.get(key)
+        if kept is not None and kept.rate == rate:  # a line that names another rate was not this probe's
+            return kept
         result = probe(settings, slos, rate, count, seeds)
         store.keep(key, result)
         return result
