@@ -260,6 +260,51 @@ def test_malformed_run_folder_tables(table: str, data: st.DataObject) -> None:
         assert (run / "report.html").exists() == (outcome.code == 0)
 
 
+@functools.cache
+def small_sweep_file() -> Path:
+    """One short sweep's file (two rates, one with SLO counts), written once per process."""
+    path = Path(tempfile.mkdtemp(prefix="servesim-fuzz-sweep-")) / "sweep.parquet"
+    outcome = simulate(["sweep", "--rate", "2,4,40", "--num-requests", "30", "--goodput", "ttft:300",
+                        "--out", str(path)])
+    assert outcome.code == 0, outcome
+    return path
+
+
+@fuzz_settings(ci_examples=30)
+@given(data=st.data())
+def test_malformed_sweep_result_files(data: st.DataObject) -> None:
+    """One cell of a sweep's file changed to null or an edge of its type, a column retyped or dropped,
+    or the file garbage: `simulate report` draws it or refuses in one line naming the file."""
+    with tempfile.TemporaryDirectory() as scratch, in_folder(Path(scratch)) as folder:
+        path = folder / "sweep.parquet"
+        frame = pl.read_parquet(small_sweep_file())
+        choice = data.draw(st.integers(0, 6))
+        column = data.draw(st.sampled_from(frame.columns))
+        dtype = frame[column].dtype
+        if choice == 0:
+            path.write_bytes(data.draw(GARBAGE))
+        else:
+            if choice == 1:  # the column as text
+                frame = frame.with_columns(pl.col(column).cast(pl.String))
+            elif choice == 2:
+                frame = frame.drop(column)
+            elif choice == 3:  # the column as integers
+                frame = frame.with_columns(pl.Series(column, list(range(frame.height))))
+            else:
+                cells = frame[column].to_list()
+                edges: list[Any] = ([None, 0.0, -1.0, math.nan, math.inf, -math.inf, 1e308, 1e-300]
+                                    if dtype.is_float() else [None, True, False] if dtype == pl.Boolean
+                                    else [None, 0, -1, 2**62] if dtype.is_integer()
+                                    else [None, "", "\u202e<script>alert(1)", Huge("x" * 10**5)])
+                cells[data.draw(st.integers(0, len(cells) - 1))] = data.draw(st.sampled_from(edges))
+                frame = frame.with_columns(pl.Series(column, cells, dtype=dtype))
+            frame.write_parquet(path)
+        outcome = outcome_in(folder, ["report", "sweep.parquet"])
+        assert outcome.code == 0 or "sweep.parquet" in outcome.err, outcome
+        if outcome.code == 0:
+            assert "<script>alert(1)" not in (folder / "sweep.html").read_text()
+
+
 KEPT_PROBE = {"key": "0" * 64, "rate": 4.0, "met": True, "overloaded": False, "values": {"p99_ttft": 0.2},
               "output_throughput": 900.0, "request_throughput": 3.9, "mean_e2el": 2.5}
 """A line of a plan folder's kept probes (`simulator.plan.resume`)."""

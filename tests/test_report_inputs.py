@@ -179,3 +179,32 @@ def test_reports_do_not_reach_up_into_the_command_line(small_run: Path, tmp_path
                           cwd=Path(__file__).parent.parent)
     assert done.stdout.strip() == "[]"
     assert (tmp_path / "r.html").is_file() and sweep.with_suffix(".html").is_file()
+
+
+def test_a_sweep_with_a_point_off_the_load_axis_gets_a_page(tmp_path: Path,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    """`--rate 2,4,none --concurrency 4 --goodput ...`: the closed-loop point has no rate to stand at
+    on the load figure, and is left off it; the SLO capacity was a TypeError on its None."""
+    sweep = tmp_path / "sweep.parquet"
+    code, _, err = simulate_cli(["sweep", "--rate", "2,4,none", "--concurrency", "4", "--num-requests", "30",
+                                 "--goodput", "ttft:300", "--out", str(sweep)], capsys)
+    assert code == 0, err
+    code, _, err = simulate_cli(["report", str(sweep)], capsys)
+    assert code == 0, err
+    page = sweep.with_suffix(".html").read_text()
+    assert 'id="load"' in page and 'id="throughput-latency"' in page
+
+
+@pytest.mark.parametrize(("edit", "named"), [
+    (lambda rows: rows.with_columns(config_id=pl.int_range(pl.len())), "config_id column is not one distinct text"),
+    (lambda rows: rows.with_columns(kept_up=pl.lit("yes")), "column kept_up holds String, not true or false"),
+    (lambda rows: rows.drop("p90_ttft", "p99_ttft", "p50_ttft"),
+     "lacks what its figures draw: a tail percentile of ttft"),
+])
+def test_a_sweep_file_no_sweep_writes_is_named(tmp_path: Path, edit: object, named: str,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    sweep = tmp_path / "sweep.parquet"
+    assert simulate_cli(["sweep", "--rate", "2,4", "--num-requests", "30", "--out", str(sweep)], capsys)[0] == 0
+    edit(pl.read_parquet(sweep)).write_parquet(sweep)  # type: ignore[operator]
+    refused(["report", str(sweep)], capsys, repr(str(sweep)), named)
+    assert not sweep.with_suffix(".html").exists()

@@ -135,6 +135,45 @@ def test_an_existing_file_that_is_no_sweep_is_kept(tmp_path: Path, capsys: pytes
     assert pl.read_parquet(out).equals(pl.DataFrame({"a": [1]}))
 
 
+@pytest.mark.parametrize(("rows", "named"), [
+    ({"config_id": [1, 2], "error": [None, None]}, "its config_id column is not one distinct text per row"),
+    ({"config_id": ["a", "a"], "error": [None, None]}, "its config_id column is not one distinct text per row"),
+    ({"config_id": ["a"], "error": [None], "rate": ["fast"]}, "column rate holds String, not Float64"),
+    ({"config_id": ["a"], "error": [None], "request_throughput": ["lots"]}, "column request_throughput holds String"),
+])
+def test_an_existing_out_of_rows_no_sweep_writes_is_refused_and_kept(
+        rows: dict[str, list[object]], named: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A resumed sweep merges its rows with --out's: rows it could not merge are refused before any
+    configuration runs (a string rate was a polars traceback after the sweep had run)."""
+    out = tmp_path / "mine.parquet"
+    pl.DataFrame(rows).write_parquet(out)
+    code, _, err = simulate_cli(["sweep", "--rate", "4", *SMALL, "--out", str(out)], capsys)
+    assert code == 2 and "exists and is not a sweep file" in err and named in err, err
+    assert pl.read_parquet(out).equals(pl.DataFrame(rows))
+
+
+def test_a_damaged_committed_row_is_run_again(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """OUT.parts holds one committed row per configuration; a part that is no row of that
+    configuration (garbage, no rows, another id) is not taken, and the configuration runs again."""
+    out = tmp_path / "sweep.parquet"
+    args = ["sweep", "--rate", "4,8,12", *SMALL, "--out", str(out)]
+    assert simulate_cli(args, capsys)[0] == 0
+    whole = pl.read_parquet(out)
+    ids = whole["config_id"].to_list()
+    out.unlink()
+    parts = tmp_path / "sweep.parquet.parts"
+    parts.mkdir()
+    (parts / f"{ids[0]}.parquet").write_bytes(b"garbage")
+    whole.head(0).write_parquet(parts / f"{ids[1]}.parquet")
+    whole.slice(2, 1).with_columns(config_id=pl.lit(ids[1])).write_parquet(parts / f"{ids[2]}.parquet")
+    code, stdout, err = simulate_cli(args, capsys)
+    assert code == 0, err
+    assert "3 configurations, 3 run now, 0 already done" in stdout
+    rows = pl.read_parquet(out)
+    assert rows.equals(whole)
+    assert not parts.exists()
+
+
 def test_ray_rows_equal_local_rows(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     args = ["sweep", "--policy", "static,continuous,chunked", "--rate", "5,20", *SMALL, "--jobs", "2"]
     local, on_ray = tmp_path / "local.parquet", tmp_path / "ray.parquet"

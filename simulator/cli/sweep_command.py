@@ -13,7 +13,8 @@ import click
 from simulator.cli.options import Choice, SettingType, aligned
 from simulator.ranges import Range, parse_percentiles
 from simulator.sweep.executors import setting_column
-from simulator.sweep.grid import AXIS_NAMES, SETTING_TYPES, SweepSpec, flag, parse_value, read_spec_file, run_sweep
+from simulator.sweep.files import AXIS_NAMES, SETTING_TYPES
+from simulator.sweep.grid import SweepSpec, flag, parse_value, read_spec_file, run_sweep
 
 
 def setting_options(command: Callable[..., Any]) -> Callable[..., Any]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import html
 import math
+import re
 from pathlib import Path
 
 import plotly.graph_objects as go
@@ -19,12 +20,16 @@ import polars as pl
 from plotly.subplots import make_subplots
 
 from simulator.cost.batch_table import BatchTable
+from simulator.errors import InputError
 from simulator.report.html import color_cycle
 
 LOAD_AXES = ("rate", "concurrency")
 # Settings that never split a sweep's curves: the load (the x axis), the seed (averaged) and the
 # columns that are no settings at all.
 NOT_GROUPING = (*LOAD_AXES, "seed", "config_id", "error")
+DRAWN = ("policy", "kept_up", "request_throughput", "median_ttft", "median_itl")
+"""The columns a sweep's figures draw, beside a tail percentile of TTFT and of ITL (and `completed`
+where the rows count the requests that met the SLOs, `good_requests`)."""
 
 
 def load_axis(rows: pl.DataFrame) -> str | None:
@@ -88,10 +93,14 @@ def slo_capacity(group: pl.DataFrame, axis: str) -> float | None:
     return met
 
 
+def tail_columns(rows: pl.DataFrame, metric: str) -> list[float]:
+    """The percentiles summarised for `metric` (99 for p99_ttft)."""
+    return [float(m.group(1)) for c in rows.columns if (m := re.fullmatch(rf"p(\d+(?:\.\d+)?)_{metric}", c))]
+
+
 def tail_stat(rows: pl.DataFrame, metric: str) -> str:
     """The highest percentile column summarised for `metric` (e.g. p99)."""
-    percentiles = [float(c.split("_")[0][1:]) for c in rows.columns if c.startswith("p") and c.endswith(f"_{metric}")]
-    return f"p{max(percentiles):g}"
+    return f"p{max(tail_columns(rows, metric)):g}"
 
 
 def throughput_latency_figure(rows: pl.DataFrame, curves: dict[str, pl.DataFrame]) -> go.Figure:
@@ -118,6 +127,7 @@ def load_figure(rows: pl.DataFrame, axis: str, curves: dict[str, pl.DataFrame]) 
     colors = color_cycle()
     for label, group in curves.items():
         color = next(colors)
+        group = group.filter(pl.col(axis).is_not_null())  # a point with no load (--rate none) has no place here
         symbols = ["x" if over else "circle" for over in group["overloaded"]]
         fig.add_trace(go.Scatter(x=group[axis], y=group[metric], mode="lines+markers", name=label,
                                  line={"color": color}, marker={"symbol": symbols, "size": 9}))
@@ -133,9 +143,8 @@ def load_figure(rows: pl.DataFrame, axis: str, curves: dict[str, pl.DataFrame]) 
             fig.add_trace(go.Scatter(x=[met], y=[y], mode="markers+text", text=[f"SLO capacity {met:g}"],
                                      textposition="bottom right", name=f"{label} SLO capacity", showlegend=False,
                                      marker={"symbol": "triangle-up", "size": 14, "color": color}))
-    if axis == "rate":
-        top = rows[axis].filter(rows[axis].is_finite()).max()
-        assert isinstance(top, float)
+    top = rows[axis].filter(rows[axis].is_finite()).max() if axis == "rate" else None
+    if isinstance(top, float):  # offered = served, up to the highest finite rate
         fig.add_trace(go.Scatter(x=[0, top], y=[0, top], mode="lines", name="offered",
                                  line={"color": "gray", "dash": "dot"}))
     what = "goodput (req/s meeting every SLO)" if metric == "request_goodput" else "request throughput (req/s)"
@@ -156,13 +165,18 @@ def sweep_figures(path: Path) -> tuple[pl.DataFrame, dict[str, go.Figure]]:
     figures: dict[str, go.Figure] = {}
     if rows.filter(pl.col("error").is_null()).is_empty():
         return rows, figures
+    lacking = [name for name in (*DRAWN, *(("completed",) if "good_requests" in rows.columns else ()))
+               if name not in rows.columns]
+    lacking += [f"a tail percentile of {metric}" for metric in ("ttft", "itl") if not tail_columns(rows, metric)]
+    if lacking:
+        raise InputError(f"{str(path)!r} lacks what its figures draw: {', '.join(lacking)}")
     axis, curves = sweep_curves(rows, [setting_column(name) for name in RunConfig.field_names()])
     figures["throughput-latency"] = throughput_latency_figure(rows, curves)
     if axis is not None:
         figures["load"] = load_figure(rows, axis, curves)
     from simulator.report.fleet import fleet_figure
 
-    fleet = fleet_figure(rows)
+    fleet = fleet_figure(rows, path)
     if fleet is not None:
         figures["fleet"] = fleet
     return rows, figures

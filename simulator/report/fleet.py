@@ -47,9 +47,9 @@ def servers_section(summary: dict[str, Any], path: Path) -> str:
     return "<h3>Servers</h3>" + table(header, rows)
 
 
-def fleet_figure(rows: pl.DataFrame) -> go.Figure | None:
-    """Per configuration with more than one server: each server's share of the requests, and for
-    P/D the mean and p99 KV transfer time. None when no configuration had a fleet."""
+def fleet_figure(rows: pl.DataFrame, path: Path) -> go.Figure | None:
+    """Per configuration with more than one server of the sweep file `path`: each server's share of
+    the requests, and for P/D the mean and p99 KV transfer time. None when no configuration had a fleet."""
     if "servers" not in rows.columns:
         return None
     fleets = rows.filter(pl.col("servers").is_not_null() & pl.col("error").is_null())
@@ -57,7 +57,7 @@ def fleet_figure(rows: pl.DataFrame) -> go.Figure | None:
         return None
     labels, shares, transfers = [], [], []
     for row in fleets.iter_rows(named=True):
-        servers = checked_servers(row["servers"], f"sweep row {row['config_id']}")
+        servers = checked_servers(row["servers"], f"{str(path)!r} row {row['config_id']}")
         labels.append(str(row["config_id"]))
         total = sum(number(s.get("requests")) or 0.0 for s in servers) or 1.0
         shares.append([(number(s.get("requests")) or 0.0) / total for s in servers])

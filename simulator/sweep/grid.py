@@ -16,26 +16,19 @@ import json
 import shutil
 import time
 import tomllib
-import types
-import typing
 from collections.abc import Callable
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import click
 
 from simulator.config import RunConfig
 from simulator.errors import InputError, clip_path
 from simulator.ranges import RANGES, parse_goodput, parse_percentiles, quote
-from simulator.sweep.executors import Rows, WorkerDied, config_from_settings, run_local, run_ray, setting_column
+from simulator.sweep.executors import Rows, WorkerDied, config_from_settings, run_local, run_ray
+from simulator.sweep.files import AXIS_NAMES, SETTING_TYPES, SWEEP_WIDE, read_part, read_sweep_file, settings_schema
 
-if TYPE_CHECKING:
-    import polars as pl
-
-# Sweep-wide settings: their values are lists themselves, so they cannot be axes.
-SWEEP_WIDE = ("percentiles", "goodput")
-AXIS_NAMES = tuple(name for name in RunConfig.field_names() if name not in SWEEP_WIDE)
 FLUSH_INTERVAL = 1.0
 """Seconds between rewrites of the --out file while rows come in (every row is committed at once)."""
 
@@ -44,20 +37,6 @@ def flag(name: str) -> str:
     return f"--{name.replace('_', '-')}"
 
 
-def _setting_types() -> dict[str, tuple[type, bool]]:
-    """Each axis setting's scalar type and whether it may be None."""
-    hints = typing.get_type_hints(RunConfig)
-    kinds = {}
-    for name in AXIS_NAMES:
-        hint = hints[name]
-        args = typing.get_args(hint) if isinstance(hint, types.UnionType) else (hint,)
-        scalar = [a for a in args if a is not type(None)]
-        assert len(scalar) == 1 and scalar[0] in (str, int, float, bool), f"{name}: {hint}"
-        kinds[name] = (scalar[0], type(None) in args)
-    return kinds
-
-
-SETTING_TYPES = _setting_types()
 BOOLEANS = {"true": True, "on": True, "yes": True, "false": False, "off": False, "no": False}
 
 
@@ -116,19 +95,6 @@ def check_name(name: str, value: Any) -> None:
             checks[name](value)
         except InputError as exc:
             raise InputError(f"{flag(name)} lists {quote(value)}: {exc}") from None
-
-
-def read_sweep_file(path: Path, subject: str) -> pl.DataFrame:
-    """A sweep's rows; `subject` starts the error line (the quoted path, or how --out came to be read)."""
-    import polars as pl
-
-    try:
-        rows = pl.read_parquet(path)
-    except (OSError, pl.exceptions.PolarsError):
-        raise InputError(f"{subject} is not a Parquet file") from None
-    if "config_id" not in rows.columns:
-        raise InputError(f"{subject} is not a sweep file (no config_id column)")
-    return rows
 
 
 @dataclass
@@ -224,8 +190,6 @@ class SweepStore:
     """The --out file and the part files that commit its rows one configuration at a time."""
 
     def __init__(self, out: Path, metadata: dict[str, Any]) -> None:
-        import polars as pl
-
         self.out = out
         self.parts = out.with_name(f"{out.name}.parts")
         self.metadata = metadata
@@ -235,8 +199,9 @@ class SweepStore:
             self.rows.update((row["config_id"], row) for row in existing.to_dicts())
         if self.parts.is_dir():
             for part in sorted(self.parts.glob("*.parquet")):
-                row = pl.read_parquet(part).to_dicts()[0]
-                self.rows[row["config_id"]] = row
+                row = read_part(part)
+                if row is not None:
+                    self.rows[row["config_id"]] = row
         self.last_flush = -float("inf")
 
     def done(self, retry_failed: bool) -> set[str]:
@@ -275,15 +240,6 @@ class SweepStore:
     def drop_parts(self) -> None:
         """Once --out holds every row the part files are redundant."""
         shutil.rmtree(self.parts, ignore_errors=True)
-
-
-def settings_schema() -> dict[str, Any]:
-    """Settings columns keep their types in a row where every value is None (e.g. --rate none)."""
-    import polars as pl
-
-    dtypes = {str: pl.String, int: pl.Int64, float: pl.Float64, bool: pl.Boolean}
-    schema: dict[str, Any] = {setting_column(name): dtypes[kind] for name, (kind, _) in SETTING_TYPES.items()}
-    return schema | dict.fromkeys(SWEEP_WIDE, pl.String) | {"config_id": pl.String, "error": pl.String}
 
 
 @dataclass(frozen=True)
