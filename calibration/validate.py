@@ -13,6 +13,7 @@ fitted shows first the fitted terms, the data they were fitted on and every resi
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 from pathlib import Path
 
@@ -91,27 +92,31 @@ def vllm_itl_lines(path: Path) -> dict[str, tuple[float, float]]:
         lines = {}
         for dtype in ("bfloat16", "fp8"):
             values = dict(rows.filter(pl.col("kv_cache_dtype") == dtype).select("metric", "value").iter_rows())
-            lines[dtype] = (float(values["itl_intercept"]) * 1e-3, float(values["itl_slope"]) * 1e-3)
+            intercept, slope = float(values["itl_intercept"]), float(values["itl_slope"])
+            if not (math.isfinite(intercept) and intercept > 0 and math.isfinite(slope) and slope >= 0):
+                raise ValueError(f"{dtype} intercept {intercept!r} ms, slope {slope!r} ms per token: an ITL line "
+                                 "takes a positive intercept and a slope of at least 0")
+            lines[dtype] = (intercept * 1e-3, slope * 1e-3)
     except (pl.exceptions.PolarsError, KeyError, TypeError, ValueError) as exc:
         raise InputError(f"{str(path)!r} is not the blog's table of single_request_itl_fit rows (itl_intercept, "
                          f"itl_slope by kv_cache_dtype): {exc!r}"[:300]) from None
     return lines
 
 
-def single_request_errors(cost: CostModel, kv_dtype: str, path: Path) -> pl.DataFrame:
-    """Batch-1 decode steps at the blog's context lengths against its fitted ITL line."""
-    intercept, slope = vllm_itl_lines(path)[kv_dtype]
+def single_request_errors(cost: CostModel, line: tuple[float, float]) -> pl.DataFrame:
+    """Batch-1 decode steps at the blog's context lengths against its fitted ITL line (intercept, slope)."""
+    intercept, slope = line
     rows = [{"context": context, "vllm": intercept + slope * context,
              "predicted": cost.step_time(StepShape(1, 1, context))} for context in SINGLE_REQUEST_CONTEXTS]
     return pl.DataFrame(rows).with_columns(error=(pl.col("predicted") - pl.col("vllm")) / pl.col("vllm"))
 
 
-def print_single_request(config: RunConfig, blog: Path | None) -> None:
+def print_single_request(config: RunConfig, lines: dict[str, tuple[float, float]] | None) -> None:
     """Llama-3.1-8B's batch-1 decode step against the blog's ITL line (one GPU: the blog's), with
     the measured-kernel model and the roofline; one line saying why where there is none."""
     if config.tensor_parallel_size > 1:
         return
-    if blog is None:
+    if lines is None:
         click.echo(f"\nno comparison with vLLM's measured single-request ITL: {VLLM_FP8_KV_BLOG} is not in "
                    f"{' or '.join(repr(str(f)) for f in reference_folders())}; give --reference DIR or set "
                    f"{REFERENCE_ENV}")
@@ -121,9 +126,8 @@ def print_single_request(config: RunConfig, blog: Path | None) -> None:
                f"(fp8-KV blog, H100):")
     click.echo(f"{'context':>8}{'vLLM ms':>10}{'measured ms':>13}{'error':>9}{'roofline ms':>13}{'error':>9}")
     gpu = load_profile(config.gpu).gpu
-    measured = single_request_errors(build_cost_model(config, LLAMA_3_1_8B, gpu), kv, blog)
-    roofline = single_request_errors(build_cost_model(replace(config, cost="roofline"), LLAMA_3_1_8B, gpu), kv,
-                                     blog)
+    measured = single_request_errors(build_cost_model(config, LLAMA_3_1_8B, gpu), lines[kv])
+    roofline = single_request_errors(build_cost_model(replace(config, cost="roofline"), LLAMA_3_1_8B, gpu), lines[kv])
     for m, r in zip(measured.iter_rows(named=True), roofline.iter_rows(named=True), strict=True):
         click.echo(f"{m['context']:>8}{m['vllm'] * 1e3:>10.2f}{m['predicted'] * 1e3:>13.2f}{m['error']:>+9.1%}"
                    f"{r['predicted'] * 1e3:>13.2f}{r['error']:>+9.1%}")
@@ -142,6 +146,7 @@ def validate_command(gpu: str, tensor_parallel_size: int, quantization: str | No
         raise InputError(f"--gpu {gpu!r} has no profile.json: it holds a roofline only, no measured kernels to "
                          "validate (`simulate calibrate` measures them)")
     blog = find_blog(reference)
+    lines = vllm_itl_lines(blog) if blog is not None else None  # refused, if it is bad, before anything prints
     config = RunConfig(gpu=gpu, cost="measured", tensor_parallel_size=tensor_parallel_size,
                        quantization=quantization, kv_cache_dtype=kv_cache_dtype)
     fit = load_profile(gpu).meta.get("host_overhead_fit")
@@ -174,4 +179,4 @@ def validate_command(gpu: str, tensor_parallel_size: int, quantization: str | No
     click.echo(f"{'step':<22}{'chapter ms':>12}{'predicted ms':>14}{'error':>9}")
     for r in chapter.iter_rows(named=True):
         click.echo(f"{r['step']!s:<22}{r['chapter'] * 1e3:>12.1f}{r['predicted'] * 1e3:>14.2f}{r['error']:>+9.1%}")
-    print_single_request(config, blog)
+    print_single_request(config, lines)

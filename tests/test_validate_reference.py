@@ -59,3 +59,17 @@ def test_a_reference_folder_without_the_data_is_refused(installed: Path, tmp_pat
     assert done.stderr.splitlines() == [f"error: --reference {str(tmp_path)!r} holds no "
                                         "serving/vllm_blog_fp8_kv_h100.csv (give the reference data folder, "
                                         "../shared/reference beside the checkout)"]
+
+
+@needs_reference
+@pytest.mark.parametrize("value", ["nan", "-6.44", "0", "inf"])
+def test_a_blog_table_with_an_itl_line_no_server_has_is_refused(installed: Path, tmp_path: Path, value: str) -> None:
+    """The reference folder is untrusted: an intercept that is no time (NaN, negative, zero, infinite)
+    printed a comparison of nan% or inf%; it is one line naming the file."""
+    blog = tmp_path / "serving" / "vllm_blog_fp8_kv_h100.csv"
+    blog.parent.mkdir()
+    lines = (REFERENCE / "serving" / "vllm_blog_fp8_kv_h100.csv").read_text().splitlines()
+    blog.write_text("\n".join(line.replace(",itl_intercept,6.44,", f",itl_intercept,{value},") for line in lines))
+    done = validate(installed, tmp_path, "--reference", str(tmp_path))
+    assert done.returncode == 2, done.stdout
+    assert len(done.stderr.splitlines()) == 1 and repr(str(blog)) in done.stderr and "intercept" in done.stderr
