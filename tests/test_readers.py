@@ -219,7 +219,8 @@ def edit_json(path: Path, **changes: object) -> None:
 
 
 @pytest.mark.parametrize(("changes", "named"), [
-    ({"mem_bw": math.inf}, "mem_bw must be a number in (0, 1e+15], got inf"),
+    ({"mem_bw": math.inf}, "mem_bw must be a number in [1e+06, 1e+15], got inf"),
+    ({"gemm_flops": 1e-300}, "gemm_flops must be a number in [1e+06, 1e+18], got 1e-300"),  # overflowed
     ({"memory_bytes": 2**63}, "memory_bytes must be a number in [1.04858e+06, 1.1259e+15], got 9223372036854775808"),
     ({"kernel_latency": "fast"}, "kernel_latency must be a number in (0, 1], got 'fast'"),
     ({"step_overhead": -1e-6}, "step_overhead must be a number in [0, 1], got -1e-06"),
@@ -235,7 +236,7 @@ def test_roofline_values_are_range_checked(changes: dict[str, object], named: st
 @pytest.mark.parametrize(("changes", "named"), [
     ({"dtype": "int4"}, "dtype 'int4' is not one of"),
     ({"families": "all"}, 'families must be a JSON dict, got "all"'),
-    ({"datasheet_flops": math.nan}, "datasheet_flops must be a number in (0, 1e+18], got nan"),
+    ({"datasheet_flops": math.nan}, "datasheet_flops must be a number in [1e+06, 1e+18], got nan"),
     ({"model": {"name": "tiny"}}, "model ModelSpec.__init__() missing"),
     ({"model": {"name": "tiny", "layers": 2}}, 'model must be an object of'),
     ({"host_overhead_fit": {"values": {}}}, "host_overhead_fit must hold values of step_overhead"),

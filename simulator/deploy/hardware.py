@@ -75,7 +75,9 @@ class GpuSpec:
 
 # Each number's physical range, (least, most): far past any GPU's, so that a value outside is a
 # typo, a unit mistaken or a corrupted file. A least of 0 is excluded but for the times that may be 0.
-BYTES_PER_S, FLOPS, SECONDS = (0.0, 1e15), (0.0, 1e18), (0.0, 1.0)
+# Rates divide work into time: a megabyte or a million FLOPs a second is already a GPU no one has
+# (1e-300 overflowed the step times).
+BYTES_PER_S, FLOPS, SECONDS = (1e6, 1e15), (1e6, 1e18), (0.0, 1.0)
 RANGES: dict[str, tuple[float, float]] = {
     "memory_bytes": (2**20, 2**50), "datasheet_mem_bw": BYTES_PER_S, "datasheet_flops": FLOPS,
     "mem_bw": BYTES_PER_S, "attn_bw": BYTES_PER_S, "fp8_mem_bw": BYTES_PER_S, "interconnect_bw": BYTES_PER_S,
