@@ -251,7 +251,8 @@ def test_profile_json_fields_are_checked(changes: dict[str, object], named: str,
 
 
 @pytest.mark.parametrize(("table", "column", "values", "named"), [
-    ("gemm", "latency", {2: math.nan}, "row 3 has latency nan; expected seconds in (0, 3600]"),
+    ("gemm", "latency", {2: math.nan}, "row 3 has latency nan; expected seconds in [1e-09, 3600]"),
+    ("gemm", "latency", {2: 5e-324}, "row 3 has latency 5e-324; expected seconds in [1e-09, 3600]"),
     ("gemm", "latency", {0: -1.0}, "row 1 has latency -1.0"),
     ("decode_attention", "context", {4: -5}, "row 5 has context -5; expected integers in [0, 2**50]"),
     ("collectives", "op", {1: None}, "row 2 has op None; expected text"),

@@ -220,8 +220,9 @@ class Profile:
 TEXT_COLUMNS = ("op", "dtype", "kind")
 MAX_SIZE = 2**50
 """The largest size a table may hold (bytes, tokens, a batch): past any GPU's memory."""
-MAX_LATENCY = 3600.0
-"""The longest kernel or pass a table may hold, seconds."""
+MIN_LATENCY, MAX_LATENCY = 1e-9, 3600.0
+"""The shortest and longest kernel or pass a table may hold, seconds (no kernel ends within a
+nanosecond of its launch)."""
 
 
 def _read_table(path: Path, columns: tuple[str, ...]) -> pl.DataFrame:
@@ -249,7 +250,7 @@ def _check_column(column: pl.Series, path: Path) -> None:
     if name in TEXT_COLUMNS:
         expected, fits = "text", column.dtype == pl.String
     elif name == "latency":
-        expected, fits = f"seconds in (0, {MAX_LATENCY:g}]", column.dtype.is_numeric()
+        expected, fits = f"seconds in [{MIN_LATENCY:g}, {MAX_LATENCY:g}]", column.dtype.is_numeric()
     else:
         expected, fits = "integers in [0, 2**50]", column.dtype.is_integer()
     if not fits:
@@ -257,7 +258,7 @@ def _check_column(column: pl.Series, path: Path) -> None:
     if name in TEXT_COLUMNS:
         inside = column.is_not_null()
     elif name == "latency":
-        inside = column.cast(pl.Float64).is_between(0, MAX_LATENCY, closed="right")  # NaN sorts above all
+        inside = column.cast(pl.Float64).is_between(MIN_LATENCY, MAX_LATENCY)  # NaN sorts above all
     else:
         inside = column.cast(pl.Float64).is_between(0, MAX_SIZE)
     rows = (~inside.fill_null(False)).arg_true()
