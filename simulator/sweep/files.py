@@ -67,7 +67,7 @@ def column_problem(name: str, dtype: pl.DataType, schema: dict[str, Any]) -> str
         return None
     want = schema.get(name)
     if want is not None:
-        ok = dtype == want or (want == pl.Float64 and dtype.is_numeric())
+        ok = dtype == want or (want == pl.Float64 and dtype.is_numeric()) or (want == pl.Int64 and dtype.is_integer())
         return None if ok else f"column {name} holds {dtype}, not {want}"
     if (name in NUMBERS or STATS.fullmatch(name)) and not dtype.is_numeric():
         return f"column {name} holds {dtype}, not numbers"
