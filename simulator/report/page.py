@@ -4,8 +4,8 @@ a sweep file, or a `simulate compare --out` file (predicted against measured,
 
 A run's page opens with the verdict (kept up, OVERLOADED, too short to tell, nothing completed) and
 the summary as tables, then its figures (`simulator.report.run_figures`). A run folder is untrusted input:
-summary.json is checked for the types the page uses, each Parquet file for the columns it draws,
-and every string from the folder is escaped on the page.
+summary.json is checked for the types the page uses, each Parquet file for the columns it draws and
+their values (`check_values`), and every string from the folder is escaped on the page.
 """
 
 from __future__ import annotations
