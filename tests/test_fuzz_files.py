@@ -260,6 +260,27 @@ def test_malformed_run_folder_tables(table: str, data: st.DataObject) -> None:
         assert (run / "report.html").exists() == (outcome.code == 0)
 
 
+@fuzz_settings(ci_examples=30)
+@given(part=st.sampled_from(["summary", "settings"]), data=st.data())
+def test_malformed_run_summaries(part: str, data: st.DataObject) -> None:
+    """A run folder's summary.json with fields of its summary or settings changed to edge values,
+    dropped or added: `simulate report` draws the run or refuses in one line naming the file."""
+    with tempfile.TemporaryDirectory() as scratch, in_folder(Path(scratch)) as folder:
+        run = Path(shutil.copytree(small_run_folder(), folder / "run"))
+        path = run / "summary.json"
+        record = json.loads(path.read_text())
+        text = data.draw(mutated_json(record[part]))
+        try:
+            changed = json.loads(text)
+        except (ValueError, RecursionError):
+            path.write_bytes(text)
+        else:
+            path.write_text(json.dumps(record | {part: changed}))
+        outcome = outcome_in(folder, ["report", "run"])
+        assert outcome.code == 0 or "summary.json" in outcome.err, outcome
+        assert (run / "report.html").exists() == (outcome.code == 0)
+
+
 @functools.cache
 def small_sweep_file() -> Path:
     """One short sweep's file (two rates, one with SLO counts), written once per process."""

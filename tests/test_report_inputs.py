@@ -111,6 +111,7 @@ def test_a_run_whose_latencies_are_all_zero_still_gets_a_page(small_run: Path, t
 @pytest.mark.parametrize(("edit", "named"), [
     ('{"settings": {}, "summary": {"completed": 1', "is not valid JSON (Expecting"),
     ("[1, 2]", "is not a run's summary"),
+    ("[" * 10**5, "nests deeper than any run's summary"),  # a RecursionError traceback (the fuzz of summaries)
     (lambda s: json.dumps(s | {"summary": s["summary"] | {"completed": "lots"}}),
      "summary.completed must be a count, got 'lots'"),
     (lambda s: json.dumps(s | {"summary": s["summary"] | {"p99_ttft": [1]}}),

@@ -67,6 +67,8 @@ def read_summary(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
     except json.JSONDecodeError as exc:
         raise InputError(f"{str(path)!r} is not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})"
                          ) from None
+    except RecursionError:
+        raise InputError(f"{str(path)!r} nests deeper than any run's summary") from None
     if not isinstance(raw, dict) or not all(isinstance(raw.get(key), dict) for key in ("settings", "summary")):
         raise InputError(f"{str(path)!r} is not a run's summary (it needs the objects \"settings\" and \"summary\")")
     summary = raw["summary"]
