@@ -209,3 +209,20 @@ def test_a_sweep_file_no_sweep_writes_is_named(tmp_path: Path, edit: object, nam
     edit(pl.read_parquet(sweep)).write_parquet(sweep)  # type: ignore[operator]
     refused(["report", str(sweep)], capsys, repr(str(sweep)), named)
     assert not sweep.with_suffix(".html").exists()
+
+
+def test_a_sweep_point_without_its_count_of_good_requests_does_not_meet_the_slos(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A row whose good_requests is null (a file edited or merged by hand) is drawn, and the SLO
+    capacity stops below it; it was a TypeError comparing None (the fuzz of sweep files)."""
+    sweep = tmp_path / "sweep.parquet"
+    assert simulate_cli(["sweep", "--rate", "1,2,3", "--num-requests", "30", "--goodput", "ttft:5000",
+                         "--out", str(sweep)], capsys)[0] == 0
+    rows = pl.read_parquet(sweep)
+    assert (rows["good_requests"] == rows["completed"]).all()  # every point meets the SLOs as written
+    rows.with_columns(good_requests=pl.when(pl.col("rate") == 2).then(None).otherwise(pl.col("good_requests"))
+                      ).write_parquet(sweep)
+    code, _, err = simulate_cli(["report", str(sweep)], capsys)
+    assert code == 0, err
+    page = sweep.with_suffix(".html").read_text()
+    assert "SLO capacity 1" in page and "SLO capacity 3" not in page

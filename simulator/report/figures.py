@@ -86,9 +86,9 @@ def slo_capacity(group: pl.DataFrame, axis: str) -> float | None:
         return None
     met = None
     for row in group.iter_rows(named=True):
-        completed = row["completed"] or 0
-        if row["overloaded"] or not completed or row["good_requests"] < SLO_ATTAINMENT * completed:
-            break
+        completed, good = row["completed"] or 0, row["good_requests"]
+        if row["overloaded"] or not completed or good is None or good < SLO_ATTAINMENT * completed:
+            break  # a point with no count of good requests cannot be said to meet the SLOs
         met = float(row[axis])
     return met
 
