@@ -10,6 +10,7 @@ finished requests as mean, median, population std and numpy's linear percentiles
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable
 from functools import cache, partial
 from typing import TYPE_CHECKING, Any
@@ -26,6 +27,8 @@ if TYPE_CHECKING:
     import polars as pl
 
 LATENCIES = ("ttft", "tpot", "itl", "e2el", "queue")
+LATENCY_STAT = re.compile(rf"(mean|median|std|p\d+(?:\.\d+)?)_({'|'.join(LATENCIES)})")
+"""A summary's latency statistic by name: `p99_ttft` is the 99th percentile of TTFT (s)."""
 # The overload verdict (`load_state`): growth of the requests in the system that is material (this
 # share of the arrival rate: a server 5% past its capacity) and beyond its own noise (this many
 # standard errors); a backlog that lasted (the later requests waited for a first token this many

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import html
 import math
-import re
 from pathlib import Path
 
 import plotly.graph_objects as go
@@ -21,6 +20,7 @@ from plotly.subplots import make_subplots
 
 from simulator.cost.batch_table import BatchTable
 from simulator.errors import InputError
+from simulator.metrics.summary import LATENCY_STAT
 from simulator.report.html import color_cycle
 
 LOAD_AXES = ("rate", "concurrency")
@@ -95,7 +95,8 @@ def slo_capacity(group: pl.DataFrame, axis: str) -> float | None:
 
 def tail_columns(rows: pl.DataFrame, metric: str) -> list[float]:
     """The percentiles summarised for `metric` (99 for p99_ttft)."""
-    return [float(m.group(1)) for c in rows.columns if (m := re.fullmatch(rf"p(\d+(?:\.\d+)?)_{metric}", c))]
+    return [float(m.group(1)[1:]) for c in rows.columns
+            if (m := LATENCY_STAT.fullmatch(c)) and m.group(1).startswith("p") and m.group(2) == metric]
 
 
 def tail_stat(rows: pl.DataFrame, metric: str) -> str:

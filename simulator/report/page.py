@@ -12,13 +12,12 @@ from __future__ import annotations
 
 import html
 import json
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from simulator.errors import InputError
-from simulator.metrics.summary import load_verdict
+from simulator.metrics.summary import LATENCY_STAT, REQUEST_NULLABLE, load_verdict
 from simulator.report.html import fmt, milliseconds, number, shown, table
 
 if TYPE_CHECKING:  # polars loads when a page is drawn, not when the command line starts
@@ -28,7 +27,6 @@ COUNTS = ("arrived", "completed", "unfinished", "preemptions", "kv_blocks", "kv_
 NUMBERS = ("duration", "request_throughput", "output_throughput", "total_token_throughput", "request_goodput",
            "utilisation", "offered_rate", "queue_growth", "cost_extrapolations")
 LATENCIES = (("ttft", "TTFT"), ("tpot", "TPOT"), ("itl", "ITL"), ("e2el", "E2EL"), ("queue", "queue"))
-STATS = re.compile(r"(mean|median|std|p\d+(?:\.\d+)?)_(ttft|tpot|itl|e2el|queue)")
 # The columns each table must have for the figures, and their kind.
 COLUMNS = {
     "requests.parquet": {"request_id": "integer", "arrival": "numeric", "first_token": "numeric",
@@ -40,8 +38,6 @@ COLUMNS = {
 }
 OPTIONAL_COLUMNS = {"steps.parquet": {"prefix_cache_queried_tokens": "integer", "prefix_cache_hit_tokens": "integer"}}
 """Read, their kinds checked, when present (runs written before prefix caching lack them)."""
-NULLABLE = {"requests.parquet": {"first_token", "finish", "ttft", "tpot", "e2el"}}
-"""The drawn columns a run leaves null where the time did not happen (a request unfinished, or of one token)."""
 LARGEST = 1e12
 """No run's time (s), count or token index comes near: past it a value is not a run's (and overflows in ms)."""
 
@@ -79,7 +75,7 @@ def read_summary(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
     if summary["kv_blocks"] < 1:
         raise InputError(f"{str(path)!r}: summary.kv_blocks must be positive, got {summary['kv_blocks']}")
     for key, value in summary.items():
-        if (key in NUMBERS or STATS.fullmatch(key)) and number(value) is None:
+        if (key in NUMBERS or LATENCY_STAT.fullmatch(key)) and number(value) is None:
             raise InputError(f"{str(path)!r}: summary.{key} must be a number or null, got {shown(value)}")
     if summary.get("kept_up") not in (True, False, None):
         raise InputError(f"{str(path)!r}: summary.kept_up must be true, false or null, got {shown(summary['kept_up'])}")
@@ -114,14 +110,14 @@ def read_table(path: Path) -> pl.DataFrame:
 
 
 def check_values(path: Path, frame: pl.DataFrame) -> None:
-    """Every number a run writes is finite, from 0 to `LARGEST`, null only where a time did not happen
-    (`NULLABLE`), and a finished request has its first token, finish, TTFT and E2EL: refuse the first
-    value that is not."""
+    """Every number a run writes is finite, from 0 to `LARGEST`, null only where a request's time did
+    not happen (`REQUEST_NULLABLE`), and a finished request has its first token, finish, TTFT and
+    E2EL: refuse the first value that is not."""
     import polars as pl
 
     for name, dtype in frame.schema.items():
         column = frame[name]
-        bad = column.is_null() & (name not in NULLABLE.get(path.name, ()))
+        bad = column.is_null() & (path.name != "requests.parquet" or name not in REQUEST_NULLABLE)
         if dtype != pl.Boolean:
             out = (column < 0) | (column > LARGEST)
             bad |= (out | ~column.is_finite() if dtype.is_float() else out).fill_null(False)
@@ -194,7 +190,7 @@ def run_header(folder: Path, run: RunFolder, drawn: list[str]) -> str:
     if "kv_offload_blocks" in summary:
         rows.append(["KV host tier (blocks / tokens)",
                      f"{summary['kv_offload_blocks']} / {summary['kv_offload_capacity_tokens']}"])
-    percentiles = sorted({m.group(1) for key in summary if (m := STATS.fullmatch(key)) and m.group(1)[0] == "p"},
+    percentiles = sorted({m.group(1) for key in summary if (m := LATENCY_STAT.fullmatch(key)) and m.group(1)[0] == "p"},
                          key=lambda p: float(p[1:]))
     stats = ["mean", "median", "std", *percentiles]
     latencies = [[label] + [milliseconds(summary.get(f"{stat}_{name}")) for stat in stats] for name, label in LATENCIES]

@@ -6,7 +6,6 @@ merge its rows and a report draw them."""
 
 from __future__ import annotations
 
-import re
 import types
 import typing
 from pathlib import Path
@@ -27,9 +26,8 @@ NUMBERS = ("num_requests", "arrived", "completed", "unfinished", "preemptions", 
            "kv_capacity_tokens", "duration", "total_input_tokens", "total_output_tokens", "request_throughput",
            "output_throughput", "total_token_throughput", "good_requests", "request_goodput", "utilisation",
            "queue_growth", "offered_rate", "cost_extrapolations")
-"""Summary columns a sweep writes as numbers; the latency statistics (`STATS`) and the prefix cache's
-counts and rates (`prefix_cache_*`) too."""
-STATS = re.compile(r"(mean|median|std|p\d+(?:\.\d+)?)_(ttft|tpot|itl|e2el|queue)|prefix_cache_\w+")
+"""Summary columns a sweep writes as numbers; the latency statistics (`LATENCY_STAT`) and the prefix
+cache's counts and rates (`prefix_cache_*`) too."""
 TEXTS = ("load", "cost_extrapolated", "cost_notes")
 """Summary columns a sweep writes as text; `kept_up` it writes as a boolean."""
 
@@ -69,7 +67,10 @@ def column_problem(name: str, dtype: pl.DataType, schema: dict[str, Any]) -> str
     if want is not None:
         ok = dtype == want or (want == pl.Float64 and dtype.is_numeric()) or (want == pl.Int64 and dtype.is_integer())
         return None if ok else f"column {name} holds {dtype}, not {want}"
-    if (name in NUMBERS or STATS.fullmatch(name)) and not dtype.is_numeric():
+    from simulator.metrics.summary import LATENCY_STAT  # numpy and the engine's log: only when a file is read
+
+    numeric = name in NUMBERS or name.startswith("prefix_cache_") or LATENCY_STAT.fullmatch(name)
+    if numeric and not dtype.is_numeric():
         return f"column {name} holds {dtype}, not numbers"
     if name in TEXTS and dtype != pl.String:
         return f"column {name} holds {dtype}, not text"
